@@ -1,0 +1,99 @@
+"""jobs-core: durable background jobs for Python.
+
+Declare a job with :func:`job`, enqueue it through its handle, run it with a :class:`Worker` over
+any driver (:func:`open_driver`). Steps replay from storage after a crash; sleeps and event waits
+hold no process; compensation unwinds a run that fails for good.
+"""
+
+from jobs_core._current import current_driver, install_driver, use_driver
+from jobs_core._durations import Duration
+from jobs_core.clock import SYSTEM_CLOCK, Clock, SystemClock
+from jobs_core.context import CancelSignal, JobContext
+from jobs_core.driver import (
+    CAPABILITIES,
+    EventBus,
+    Introspector,
+    JobDriver,
+    LeaseStore,
+    StepStore,
+    capability,
+    open_driver,
+    require_capability,
+)
+from jobs_core.errors import JobsError, classify
+from jobs_core.events import publish_event
+from jobs_core.job import REGISTRY, JobHandle, JobRegistry, Settled, job
+from jobs_core.limits import Concurrency, Limits
+from jobs_core.retry import Retry, retry_schedule
+from jobs_core.steps import Step, SyncStep
+from jobs_core.tenancy import Actor, acting_as, cross_tenant, current_actor
+from jobs_core.types import (
+    LIVE_STATES,
+    MAX_ENQUEUE_BATCH,
+    MAX_JOB_PAGE,
+    REQUEUEABLE_STATES,
+    UNWIND_MARGIN,
+    EnqueueResult,
+    JobFilter,
+    JobInfo,
+    JobPage,
+    JobState,
+    QueueStats,
+    nack_state,
+)
+from jobs_core.worker import Worker, WorkerStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CAPABILITIES",
+    "LIVE_STATES",
+    "MAX_ENQUEUE_BATCH",
+    "MAX_JOB_PAGE",
+    "REGISTRY",
+    "REQUEUEABLE_STATES",
+    "SYSTEM_CLOCK",
+    "UNWIND_MARGIN",
+    "Actor",
+    "CancelSignal",
+    "Clock",
+    "Concurrency",
+    "Duration",
+    "EnqueueResult",
+    "EventBus",
+    "Introspector",
+    "JobContext",
+    "JobDriver",
+    "JobFilter",
+    "JobHandle",
+    "JobInfo",
+    "JobPage",
+    "JobRegistry",
+    "JobState",
+    "JobsError",
+    "LeaseStore",
+    "Limits",
+    "QueueStats",
+    "Retry",
+    "Settled",
+    "Step",
+    "StepStore",
+    "SyncStep",
+    "SystemClock",
+    "Worker",
+    "WorkerStats",
+    "acting_as",
+    "capability",
+    "classify",
+    "cross_tenant",
+    "current_actor",
+    "current_driver",
+    "install_driver",
+    "job",
+    "nack_state",
+    "open_driver",
+    "publish_event",
+    "require_capability",
+    "retry_schedule",
+    "use_driver",
+]

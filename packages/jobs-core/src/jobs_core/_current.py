@@ -1,0 +1,92 @@
+"""Which driver an enqueue goes to, and which event loop sync callers hand work to.
+
+The driver is looked up context-first (a :class:`~contextvars.ContextVar` set by
+:func:`use_driver` or by the worker for its bodies), then process-wide (:func:`install_driver`).
+A sync body runs in a worker thread; its ``enqueue_sync`` must run on the loop that owns the
+driver's connections, which the worker records here as the *home loop* of the body's context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+from jobs_core.driver import JobDriver
+from jobs_core.errors import DriverUnavailableError
+
+T = TypeVar("T")
+
+_installed: JobDriver | None = None
+_context_driver: ContextVar[JobDriver | None] = ContextVar("jobs_driver", default=None)
+_home_loop: ContextVar[asyncio.AbstractEventLoop | None] = ContextVar(
+    "jobs_home_loop", default=None
+)
+
+
+def install_driver(driver: JobDriver | None) -> None:
+    """Install ``driver`` process-wide for every enqueue that has no context driver.
+
+    ``None`` uninstalls it.
+    """
+    global _installed
+    _installed = driver
+
+
+def current_driver() -> JobDriver:
+    """Answer the driver an enqueue made here would use.
+
+    Raises:
+        DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when none is installed (never drop a job).
+    """
+    driver = _context_driver.get() or _installed
+    if driver is None:
+        raise DriverUnavailableError(
+            "no driver is installed: call install_driver(open_driver(url)), use "
+            "jobs_core.testing.use_driver(driver), or enqueue from inside a worker"
+        )
+    return driver
+
+
+@contextmanager
+def use_driver(driver: JobDriver) -> Iterator[JobDriver]:
+    """Install ``driver`` for the current context only (tasks created inside inherit it)."""
+    token = _context_driver.set(driver)
+    try:
+        yield driver
+    finally:
+        _context_driver.reset(token)
+
+
+@contextmanager
+def home_loop(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+    """Record ``loop`` as the loop sync code in this context hands coroutines to."""
+    token = _home_loop.set(loop)
+    try:
+        yield
+    finally:
+        _home_loop.reset(token)
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion from synchronous code and answer its result.
+
+    In a worker thread of a sync body, the coroutine runs on the worker's loop (the driver's
+    connections live there). With no home loop it runs in a fresh loop via :func:`asyncio.run`.
+
+    Raises:
+        RuntimeError: called from a thread that is running an event loop (``await`` instead).
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        coro.close()
+        raise RuntimeError("a *_sync call was made on a running event loop; await the async form")
+    loop = _home_loop.get()
+    if loop is not None and loop.is_running():
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+    return asyncio.run(coro)

@@ -1,0 +1,424 @@
+"""The driver protocol: the one seam between a job's code and a backend.
+
+A driver implements :class:`JobDriver` (required) and declares in ``capabilities`` which optional
+stores it carries (``introspect``, ``leases``, ``events``, ``wake``, ...). Core code reaches an
+optional store only through :func:`capability` / :func:`require_capability`, so "not supported"
+is handled the same way everywhere: absent capabilities degrade as documented, or raise
+``X_NOT_IMPLEMENTED``.
+
+Drivers import this module and :mod:`jobs_core.types` and nothing from the worker, the step runner
+or the facade. Every method takes at most two arguments besides ``self``; anything larger is a
+frozen params dataclass so adding a field never breaks a third-party driver.
+
+Drivers are found by URL scheme through the ``jobs.drivers`` entry-point group
+(:func:`open_driver`); a third party ships one with no change here and proves it with the
+``jobs-conformance`` suite.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import urlsplit
+from uuid import UUID
+
+from jobs_core.errors import DriverUnknownError, NotImplementedByDriverError
+from jobs_core.types import (
+    ClaimedJob,
+    ClaimRequest,
+    EnqueueRequest,
+    EnqueueResult,
+    Fence,
+    JobFilter,
+    JobInfo,
+    JobPage,
+    JSONValue,
+    NackOptions,
+    QueueStats,
+    Settle,
+    StepRecord,
+    StepWrite,
+    StoredEvent,
+)
+
+CAPABILITIES: tuple[str, ...] = (
+    "introspect",
+    "leases",
+    "events",
+    "wake",
+    "outbox",
+    "backfills",
+    "scheduler_state",
+    "leader",
+    "workers",
+)
+"""Every optional capability a driver may declare, by attribute name."""
+
+
+@runtime_checkable
+class StepStore(Protocol):
+    """Step records, kept with the queue (one store, one transaction boundary).
+
+    Every write is fenced: it lands only while the job row is ``running`` under the write's
+    :class:`~jobs_core.types.Fence` (a ``run_inline`` write carries no fence and always lands).
+    """
+
+    async def load(self, run_id: UUID) -> list[StepRecord]:
+        """Answer every step of a run, in ``seq`` order (empty for a new run)."""
+        ...
+
+    async def write(self, write: StepWrite) -> bool:
+        """Insert or replace one step record (by ``run_id`` and name).
+
+        The store assigns ``seq`` on first insert (the count of the run's steps so far) and keeps
+        it on replacement. Answers ``False``, writing nothing, when the fence does not hold.
+        """
+        ...
+
+    async def now(self) -> datetime:
+        """Answer the store's own current instant (UTC): sleeps and waits are measured on it."""
+        ...
+
+
+@runtime_checkable
+class JobDriver(Protocol):
+    """The required surface of every backend.
+
+    Attributes:
+        name: a short name (``"memory"``, ``"postgresql"``, ...).
+        capabilities: the optional capabilities carried (a subset of :data:`CAPABILITIES`); for
+            each, an attribute of that name holds the store.
+        steps: the step store.
+    """
+
+    name: str
+    capabilities: frozenset[str]
+    steps: StepStore
+
+    async def enqueue(self, req: EnqueueRequest) -> EnqueueResult:
+        """Queue one row.
+
+        One LIVE row per ``(name, tenant_id or '', idempotency_key)``: while one is live, answer
+        its ids with ``deduped=True`` and insert nothing. A request whose ``id`` names an existing
+        row (live or finished) answers that row with ``deduped=True``. A row with ``run_at`` (or
+        ``delay_ms``) in the future is ``delayed``, else ``ready``; a past ``run_at`` is due now.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``, nothing was queued.
+        """
+        ...
+
+    async def enqueue_many(self, reqs: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        """Queue many rows with :meth:`enqueue`'s semantics, in one round trip per 1,000.
+
+        Answers in input order; a later request in the batch whose key matches an earlier one
+        answers the earlier row with ``deduped=True``.
+        """
+        ...
+
+    async def claim(self, req: ClaimRequest) -> list[ClaimedJob]:
+        """Lease up to ``req.limit`` due rows from ``req.queues`` to ``req.worker_id``.
+
+        Takes ``ready``/``delayed``/``suspended`` rows whose ``run_at`` has passed and ``running``
+        rows whose lease lapsed (the lapsed attempt is counted), oldest ``run_at`` first; skips
+        paused queues; increments each row's ``claim`` ordinal. A lapsed row already at its final
+        attempt is buried instead (``dead`` with ``LEASE_LAPSED_FINAL_ATTEMPT``, or ``failed`` if
+        its name is in ``drop_exhausted``) and reported to ``on_exhausted``.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty queue list or a
+                limit below 1.
+        """
+        ...
+
+    async def ack(self, job_id: UUID, by: Settle) -> bool:
+        """Settle a row ``done``; fenced on ``state='running'`` and ``by.fence``.
+
+        Answers ``False`` (changing nothing) when someone else owns the row.
+        """
+        ...
+
+    async def nack(self, job_id: UUID, opts: NackOptions) -> bool:
+        """Settle a row in :func:`~jobs_core.types.nack_state` of ``opts``; fenced like :meth:`ack`.
+
+        ``count_attempt`` decides whether the attempt is spent; ``delay_ms`` sets ``run_at`` for
+        ``ready``/``delayed``/``suspended``.
+        """
+        ...
+
+    async def heartbeat(self, job_id: UUID, fence: Fence, visibility_timeout_ms: int) -> bool:
+        """Renew a lease to now plus ``visibility_timeout_ms``; fenced like :meth:`ack`.
+
+        Answers ``False`` when the row was cancelled or its claim lost: the worker then fires the
+        body's cancel signal.
+        """
+        ...
+
+    async def stats(self) -> list[QueueStats]:
+        """Answer counts per queue (see :class:`~jobs_core.types.QueueStats`), sorted by queue."""
+        ...
+
+    async def demand(self) -> dict[str, int]:
+        """Answer, per queue, rows running under a live lease plus rows due and claimable.
+
+        Paused queues count only their running rows. This is what an autoscaler reads.
+        """
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Answer a JSON-able description: ``name``, ``capabilities`` and driver details."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections; the driver is unusable afterwards."""
+        ...
+
+
+@runtime_checkable
+class Introspector(Protocol):
+    """The operator surface over one driver's rows (``40-operator.md``)."""
+
+    async def get(self, job_id: UUID) -> JobInfo | None:
+        """Answer one job with its step trace, or ``None`` if no row has that id."""
+        ...
+
+    async def list(self, flt: JobFilter) -> JobPage:
+        """Answer one page of jobs, newest first (``created_at``, then id).
+
+        Raises:
+            JobPageInvalidError: ``X_JOB_PAGE_INVALID`` for ``limit`` outside 1..200 or a cursor
+                this listing did not issue.
+        """
+        ...
+
+    async def cancel(self, job_id: UUID, reason: str) -> JobInfo:
+        """Stop a live job.
+
+        A queued one is ``cancelled`` now; a running one too, and its next heartbeat answers
+        ``False`` so the body's cancel signal fires.
+
+        Raises:
+            JobNotFoundError: ``X_JOB_NOT_FOUND``.
+            JobNotCancellableError: ``X_JOB_NOT_CANCELLABLE`` for a finished row.
+        """
+        ...
+
+    async def resolve_step(self, job_id: UUID, step: str, resolution: StepResolution) -> None:
+        """Settle an ``X_STEP_OUTCOME_UNKNOWN`` ``once`` step.
+
+        ``ran`` stores it completed with ``output``; not ``ran`` deletes it so the next attempt
+        runs it.
+
+        Raises:
+            JobNotFoundError: ``X_JOB_NOT_FOUND``.
+            StepNotResolvableError: ``X_STEP_NOT_RESOLVABLE`` unless the step is a ``once`` step
+                in ``started``.
+        """
+        ...
+
+    async def record_progress(self, job_id: UUID, fence: Fence, progress: JSONValue) -> bool:
+        """Store a running job's progress; fenced like an ack."""
+        ...
+
+    async def pause_queue(self, queue: str) -> None:
+        """Stop every worker claiming from ``queue`` (enqueues still land)."""
+        ...
+
+    async def resume_queue(self, queue: str) -> None:
+        """Let workers claim from ``queue`` again."""
+        ...
+
+    # ``builtins.list``: inside this class body ``list`` names the method above.
+    async def paused_queues(self) -> builtins.list[str]:
+        """Answer the paused queues, sorted."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StepResolution:
+    """An operator's answer about a ``once`` step whose outcome is unknown.
+
+    Attributes:
+        ran: whether its effect happened.
+        output: the output to record when it ran (JSON form).
+    """
+
+    ran: bool
+    output: JSONValue = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRequest:
+    """One fleet-wide concurrency slot request.
+
+    Attributes:
+        key: ``job:<name>`` or ``job-key:<name>:<key>``.
+        limit: how many holders the key admits.
+        holder: who holds it (the run id, so a run never blocks on its own earlier claim's slot).
+        ttl_ms: the slot expires this long after the last acquire/renew.
+    """
+
+    key: str
+    limit: int
+    holder: str
+    ttl_ms: int
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    """Fleet-wide concurrency slots with expiry."""
+
+    async def acquire(self, req: LeaseRequest) -> bool:
+        """Take (or renew, if ``holder`` already holds one) a slot; ``False`` when all are held.
+
+        Expired slots are free; a holder's own slot is always renewed.
+        """
+        ...
+
+    async def renew(self, req: LeaseRequest) -> bool:
+        """Extend ``holder``'s slot; ``False`` if it no longer holds one."""
+        ...
+
+    async def release(self, key: str, holder: str) -> None:
+        """Free ``holder``'s slot (no-op if it holds none)."""
+        ...
+
+    async def holders(self, key: str) -> list[str]:
+        """Answer the live holders of ``key`` in slot order."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class EventQuery:
+    """What a waiting step looks for.
+
+    Attributes:
+        name: the event name.
+        since: only events published at or after this instant (the bus's clock).
+        match: top-level payload keys that must equal these values.
+        correlation_key: if set, only events published with this key.
+    """
+
+    name: str
+    since: datetime
+    match: Mapping[str, JSONValue] | None = None
+    correlation_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PublishRequest:
+    """One event to publish.
+
+    Attributes:
+        name: the event name.
+        payload: its JSON payload.
+        correlation_key: an optional key waits may filter on.
+        ttl_ms: how long it stays matchable.
+    """
+
+    name: str
+    payload: JSONValue
+    correlation_key: str | None
+    ttl_ms: int
+
+
+@runtime_checkable
+class EventBus(Protocol):
+    """A stored event bus; ``wakes_waiters`` says whether a publish makes waiting runs due.
+
+    One clock: :meth:`now` stamps publishes and waits alike.
+    """
+
+    wakes_waiters: bool
+
+    async def publish(self, req: PublishRequest) -> StoredEvent:
+        """Store an event (and, when ``wakes_waiters``, make every matching waiting run due)."""
+        ...
+
+    async def find(self, query: EventQuery) -> StoredEvent | None:
+        """Answer the earliest unexpired event matching ``query``, or ``None``."""
+        ...
+
+    async def now(self) -> datetime:
+        """Answer the bus's own current instant (UTC)."""
+        ...
+
+    async def purge_expired(self) -> int:
+        """Delete expired events; answer how many."""
+        ...
+
+
+@runtime_checkable
+class WakeSource(Protocol):
+    """Pushes queue names to idle workers so pickup does not wait for the poll."""
+
+    async def subscribe(self, callback: Callable[[str], None]) -> Callable[[], Awaitable[None]]:
+        """Call ``callback(queue)`` (on the subscriber's event loop) whenever work may be due.
+
+        Answers an async unsubscribe function.
+        """
+        ...
+
+
+def capability(driver: JobDriver, name: str) -> Any | None:
+    """Answer the store a driver carries for capability ``name``, or ``None`` if undeclared.
+
+    Args:
+        driver: any :class:`JobDriver`.
+        name: one of :data:`CAPABILITIES`.
+    """
+    if name not in driver.capabilities:
+        return None
+    return getattr(driver, name, None)
+
+
+def require_capability(driver: JobDriver, name: str) -> Any:
+    """Answer the store for capability ``name``.
+
+    Raises:
+        NotImplementedByDriverError: ``X_NOT_IMPLEMENTED`` when the driver does not declare it.
+    """
+    store = capability(driver, name)
+    if store is None:
+        raise NotImplementedByDriverError(
+            f"the {driver.name} driver does not carry the {name!r} capability",
+            driver=driver.name,
+            capability=name,
+        )
+    return store
+
+
+_INSTALL_HINTS = {
+    "postgresql": "pip install 'jobs-core[pg]'",
+    "postgres": "pip install 'jobs-core[pg]'",
+    "redis": "pip install 'jobs-core[redis]'",
+    "rediss": "pip install 'jobs-core[redis]'",
+}
+
+
+def open_driver(url: str, **options: Any) -> JobDriver:
+    """Open a driver for ``url`` through the ``jobs.drivers`` entry point named by its scheme.
+
+    Args:
+        url: e.g. ``"memory://"``, ``"postgresql://127.0.0.1/app"``, ``"redis://127.0.0.1:6379/0"``.
+        **options: passed to the driver's factory.
+
+    Raises:
+        DriverUnknownError: ``X_DRIVER_UNKNOWN`` when no installed distribution registers the
+            scheme; the message names the package to install.
+    """
+    scheme = urlsplit(url).scheme
+    if not scheme:
+        raise DriverUnknownError(
+            f"{url!r} has no scheme; write e.g. memory:// or postgresql://host/db", url=url
+        )
+    for ep in entry_points(group="jobs.drivers"):
+        if ep.name == scheme:
+            factory: Callable[..., JobDriver] = ep.load()
+            return factory(url, **options)
+    hint = _INSTALL_HINTS.get(scheme, f"install the package that provides the {scheme!r} driver")
+    raise DriverUnknownError(f"no driver for '{scheme}://': {hint}", scheme=scheme)

@@ -1,0 +1,1472 @@
+"""The in-memory driver (``memory://``): every capability in one process, with the same semantics.
+
+It is a real driver, not a mock: it fences settles and step writes on the claim identity, lets
+leases lapse, buries rows whose lease lapsed on their final attempt, honours pauses, dedupes live
+keys and pages listings with cursors, as the Postgres driver does, and it must pass the whole
+conformance suite. ``jobs dev``, the demo and unit tests run on it.
+
+Design notes (the alternatives that were rejected):
+
+* **One lock, no awaits.** A single :class:`threading.RLock` guards all state. The methods are
+  ``async`` for the protocol's sake but never await: each one does its whole read or write under
+  the lock, so a sync job body in a worker thread (driving an event loop of its own) and the
+  worker's loop always see one consistent store. An :class:`asyncio.Lock` was rejected because it
+  would not serialise callers on other threads' loops.
+* **JSON values are stored as JSON text** (inputs, results, progress, step outputs, event payloads)
+  and decoded on every read, as a database does. Keeping the caller's objects was rejected: a
+  caller mutating its dict after an enqueue would change the stored row, a replay would answer a
+  different value than other drivers, and a value Postgres refuses (not JSON, ``NaN``, a NUL
+  character) would be accepted here.
+* **Claims pop heaps instead of scanning rows.** Each queue has two heaps with lazy deletion:
+  ``pending``, keyed by the instant a row becomes claimable (its ``run_at``, or a running row's
+  lease expiry), and ``due``, keyed by ``(run_at, seq)`` for rows that already are. Each row
+  carries a ``token``; an entry whose token is not the row's current one is stale and is dropped
+  when it surfaces, so a settled row costs one pop and never slows later claims. A heartbeat does
+  not touch the heaps: an entry that surfaces before the row's current lease expiry is filed again
+  at that expiry. A sorted scan over all live rows per claim was rejected: with a million queued
+  rows it makes every claim linear.
+* **Time comes only from the injected** :class:`~jobs_core.clock.Clock`, so tests can freeze and
+  advance it; every "is it due" decision reads ``clock.now()`` once per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import heapq
+import json
+import re
+import threading
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from itertools import islice
+from typing import Any, TypeAlias
+from urllib.parse import urlsplit
+from uuid import UUID
+
+from jobs_core.clock import SYSTEM_CLOCK, Clock
+from jobs_core.driver import (
+    CAPABILITIES,
+    EventQuery,
+    LeaseRequest,
+    PublishRequest,
+    StepResolution,
+    StepStore,
+)
+from jobs_core.errors import (
+    DriverRequestInvalidError,
+    DriverUnavailableError,
+    JobCancelledError,
+    JobNotCancellableError,
+    JobNotFoundError,
+    JobPageInvalidError,
+    StepNotResolvableError,
+)
+from jobs_core.ids import new_id
+from jobs_core.types import (
+    LEASE_LAPSED_FINAL_ATTEMPT,
+    LIVE_STATES,
+    MAX_JOB_PAGE,
+    BuriedJob,
+    ClaimedJob,
+    ClaimRequest,
+    EnqueueRequest,
+    EnqueueResult,
+    Fence,
+    JobFilter,
+    JobInfo,
+    JobPage,
+    JobState,
+    JSONValue,
+    NackOptions,
+    QueueStats,
+    Settle,
+    StepRecord,
+    StepWrite,
+    StoredEvent,
+    nack_state,
+)
+
+_CAPABILITIES = frozenset({"introspect", "leases", "events", "wake"})
+_CURSOR = re.compile(r"mem1\|(-?\d{1,20})\|([0-9a-f]{32})")
+# A JSON ``\u0000`` escape, i.e. one not itself escaped by an odd run of backslashes.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)
+_ONE_US = timedelta(microseconds=1)
+_QUEUED = frozenset({JobState.READY, JobState.DELAYED, JobState.SUSPENDED})
+"""States waiting on ``run_at`` (claimable once it has passed)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Row:
+    """One job row. JSON fields hold JSON text; ``attempts`` counts spent attempts."""
+
+    id: UUID
+    run_id: UUID
+    name: str
+    queue: str
+    input: str
+    idempotency_key: str
+    tenant_id: str | None
+    state: JobState
+    max_attempts: int
+    run_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    seq: int
+    attempts: int = 0
+    claim: int = 0
+    claimed_by: str | None = None
+    visible_at: datetime | None = None
+    last_error: str | None = None
+    last_error_code: str | None = None
+    last_error_stack: str | None = None
+    result: str = "null"
+    progress: str = "null"
+    traceparent: str | None = None
+    enqueued_by: str | None = None
+    # Only the heap entry carrying the current token is valid (see the module docstring).
+    token: int = 0
+
+
+# (instant, seq, token, row): ``seq`` is unique per row and at most one entry per row carries its
+# current token, so tuple comparison never reaches the row itself.
+_Entry: TypeAlias = tuple[datetime, int, int, _Row]
+
+
+@dataclass(slots=True, eq=False)
+class _Queue:
+    """Claim heaps and finished-row counts of one queue."""
+
+    pending: list[_Entry] = field(default_factory=list)
+    due: list[_Entry] = field(default_factory=list)
+    finished: dict[JobState, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class _Step:
+    """One stored step: the record without its JSON fields, which are kept as text."""
+
+    record: StepRecord
+    output: str
+    match: str | None
+    # A private decoded copy of ``match``, read when a publish looks for waiting runs.
+    match_value: dict[str, Any] | None
+
+
+@dataclass(slots=True, eq=False)
+class _Event:
+    """One stored event; ``payload_value`` is a private decoded copy used for matching."""
+
+    id: UUID
+    name: str
+    payload: str
+    payload_value: Any
+    correlation_key: str | None
+    published_at: datetime
+    expires_at: datetime
+    seq: int
+
+    def stored(self) -> StoredEvent:
+        return StoredEvent(
+            id=self.id,
+            name=self.name,
+            payload=json.loads(self.payload),
+            correlation_key=self.correlation_key,
+            published_at=self.published_at,
+            expires_at=self.expires_at,
+        )
+
+
+@dataclass(slots=True, eq=False)
+class _Slot:
+    """One held lease slot."""
+
+    holder: str
+    expires_at: datetime
+
+
+_Subscriber: TypeAlias = tuple[asyncio.AbstractEventLoop, Callable[[str], None]]
+
+
+def _encode(value: JSONValue, what: str) -> str:
+    """Answer ``value`` as JSON text, refusing what Postgres would refuse too.
+
+    Raises:
+        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` when ``value`` is not JSON (an
+            arbitrary object, a cycle, ``NaN`` or an infinity) or holds a NUL character.
+    """
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise DriverRequestInvalidError(f"{what} is not a JSON value: {exc}", field=what) from exc
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        raise DriverRequestInvalidError(
+            f"{what} holds a NUL character (U+0000), which no driver can store", field=what
+        )
+    return text
+
+
+def _utc(instant: datetime, what: str) -> datetime:
+    """Answer an aware instant in UTC; a naive one is refused (``X_DRIVER_REQUEST_INVALID``)."""
+    if instant.utcoffset() is None:
+        raise DriverRequestInvalidError(f"{what} must be an aware datetime (UTC)", field=what)
+    return instant.astimezone(UTC)
+
+
+def _plus_ms(instant: datetime, ms: int, what: str) -> datetime:
+    """Answer ``instant`` plus ``ms`` milliseconds; out of range is ``X_DRIVER_REQUEST_INVALID``."""
+    try:
+        return instant + timedelta(milliseconds=ms)
+    except OverflowError as exc:
+        raise DriverRequestInvalidError(f"{what}={ms} ms is out of range", field=what) from exc
+
+
+def _live_key(row: _Row) -> tuple[str, str, str]:
+    return (row.name, row.tenant_id or "", row.idempotency_key)
+
+
+def _position(row: _Row) -> tuple[datetime, int]:
+    """A row's place in listings: ``(created_at, id)``, newest last."""
+    return (row.created_at, row.id.int)
+
+
+def _cursor(row: _Row) -> str:
+    """Encode a row's listing position as an opaque cursor."""
+    micros = (row.created_at - _EPOCH) // _ONE_US
+    raw = f"mem1|{micros}|{row.id.int:032x}"
+    return base64.urlsafe_b64encode(raw.encode("ascii")).decode("ascii").rstrip("=")
+
+
+def _cursor_position(cursor: str) -> tuple[datetime, int]:
+    """Decode a cursor from :func:`_cursor` into a listing position.
+
+    Raises:
+        JobPageInvalidError: ``X_JOB_PAGE_INVALID`` for anything this driver did not issue.
+    """
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        raw = base64.b64decode(padded, altchars=b"-_", validate=True).decode("ascii")
+        found = _CURSOR.fullmatch(raw)
+        if found is None:
+            raise ValueError("not a memory-driver cursor")
+        return (_EPOCH + timedelta(microseconds=int(found[1])), int(found[2], 16))
+    except (ValueError, OverflowError) as exc:
+        raise JobPageInvalidError(
+            "the cursor was not issued by this listing; pass back a page's next or prev",
+            driver="memory",
+        ) from exc
+
+
+def _payload_matches(match: Mapping[str, Any] | None, payload: Any) -> bool:
+    """Answer whether every key of ``match`` is a top-level payload key with an equal value."""
+    if not match:
+        return True
+    if not isinstance(payload, dict):
+        return False
+    return all(key in payload and payload[key] == value for key, value in match.items())
+
+
+def _older(rows: list[_Row], stop: int, keep: Callable[[_Row], bool]) -> Iterator[_Row]:
+    """Rows of the listing before index ``stop`` that ``keep`` accepts, newest first."""
+    return (rows[i] for i in range(stop - 1, -1, -1) if keep(rows[i]))
+
+
+def _newer(rows: list[_Row], start: int, keep: Callable[[_Row], bool]) -> Iterator[_Row]:
+    """Rows of the listing from index ``start`` on that ``keep`` accepts, oldest first."""
+    return (rows[i] for i in range(start, len(rows)) if keep(rows[i]))
+
+
+def _row_filter(flt: JobFilter) -> Callable[[_Row], bool]:
+    """Answer a predicate for a listing filter (every given field must hold)."""
+    prefix = flt.id_prefix.lower() if flt.id_prefix else None
+    created_from = None if flt.created_from is None else _utc(flt.created_from, "created_from")
+    created_to = None if flt.created_to is None else _utc(flt.created_to, "created_to")
+
+    def keep(row: _Row) -> bool:
+        return (
+            (flt.queue is None or row.queue == flt.queue)
+            and (flt.name is None or row.name == flt.name)
+            and (flt.state is None or row.state == flt.state)
+            and (flt.tenant_id is None or row.tenant_id == flt.tenant_id)
+            and (prefix is None or str(row.id).startswith(prefix))
+            and (created_from is None or row.created_at >= created_from)
+            and (created_to is None or row.created_at < created_to)
+        )
+
+    return keep
+
+
+class _Memory:
+    """The state of one memory driver, shared by the driver and its stores.
+
+    Every attribute is read and written only while ``lock`` is held.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.closed = False
+        self.seq = 0
+        self.rows: dict[UUID, _Row] = {}
+        self.live: dict[UUID, _Row] = {}
+        self.keys: dict[tuple[str, str, str], _Row] = {}
+        self.queues: dict[str, _Queue] = {}
+        self.paused: set[str] = set()
+        # Every row ordered by _position, for cursor paging.
+        self.listing: list[_Row] = []
+        self.steps: dict[UUID, dict[str, _Step]] = {}
+        self.events: dict[str, list[_Event]] = {}
+        self.leases: dict[str, list[_Slot]] = {}
+        self.subscribers: dict[int, _Subscriber] = {}
+
+    def now(self) -> datetime:
+        """Answer the clock's instant, refusing every call once the driver is closed."""
+        if self.closed:
+            raise DriverUnavailableError("the memory driver is closed", driver="memory")
+        return self.clock.now()
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def file(self, row: _Row, at: datetime) -> None:
+        """Give ``row`` a fresh pending entry at ``at``, invalidating every older entry."""
+        row.token += 1
+        heapq.heappush(self.queues[row.queue].pending, (at, row.seq, row.token, row))
+
+    def finish(self, row: _Row, state: JobState, now: datetime) -> None:
+        """Settle ``row`` in a finished state: it leaves the heaps and frees its live key."""
+        row.state = state
+        row.updated_at = now
+        row.token += 1
+        del self.live[row.id]
+        key = _live_key(row)
+        if self.keys.get(key) is row:
+            del self.keys[key]
+        counts = self.queues[row.queue].finished
+        counts[state] = counts.get(state, 0) + 1
+
+    def fenced(self, job_id: UUID, fence: Fence) -> _Row | None:
+        """Answer the row if it is ``running`` under ``fence``, else ``None``."""
+        row = self.rows.get(job_id)
+        if (
+            row is None
+            or row.state is not JobState.RUNNING
+            or row.claimed_by != fence.worker_id
+            or row.claim != fence.claim
+        ):
+            return None
+        return row
+
+    def step_records(self, run_id: UUID) -> list[StepRecord]:
+        """Answer a run's steps in ``seq`` order, JSON fields decoded afresh."""
+        stored = sorted(self.steps.get(run_id, {}).values(), key=lambda s: s.record.seq)
+        return [
+            replace(
+                step.record,
+                output=json.loads(step.output),
+                match=None if step.match is None else json.loads(step.match),
+            )
+            for step in stored
+        ]
+
+    def info(self, row: _Row, *, with_steps: bool) -> JobInfo:
+        """Answer ``row`` as the operator surface shows it."""
+        return JobInfo(
+            id=row.id,
+            run_id=row.run_id,
+            name=row.name,
+            queue=row.queue,
+            state=row.state,
+            attempt=row.attempts,
+            max_attempts=row.max_attempts,
+            claim=row.claim,
+            tenant_id=row.tenant_id,
+            idempotency_key=row.idempotency_key,
+            input=json.loads(row.input),
+            run_at=row.run_at,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            claimed_by=row.claimed_by,
+            last_error=row.last_error,
+            last_error_code=row.last_error_code,
+            last_error_stack=row.last_error_stack,
+            result=json.loads(row.result),
+            progress=json.loads(row.progress),
+            enqueued_by=row.enqueued_by,
+            traceparent=row.traceparent,
+            steps=tuple(self.step_records(row.run_id)) if with_steps else (),
+        )
+
+    def notify(self, queues: Iterable[str]) -> None:
+        """Tell every wake subscriber, on its own loop, that ``queues`` may have due work.
+
+        Called without the lock held, so a subscriber's loop is never blocked on it.
+        """
+        names = sorted(set(queues))
+        if not names:
+            return
+        with self.lock:
+            subscribers = list(self.subscribers.items())
+        for token, (loop, callback) in subscribers:
+            try:
+                for name in names:
+                    loop.call_soon_threadsafe(callback, name)
+            except RuntimeError:
+                # The subscriber's loop is closed: it can never be told again.
+                with self.lock:
+                    self.subscribers.pop(token, None)
+
+
+class MemoryStepStore:
+    """The memory driver's :class:`~jobs_core.driver.StepStore`.
+
+    Records are kept per run; ``seq`` is assigned on first insert and kept on replacement.
+
+    Args:
+        memory: the driver's shared state.
+    """
+
+    def __init__(self, memory: _Memory) -> None:
+        """Serve ``memory`` (the arguments are described in the class docstring)."""
+        self._m = memory
+
+    async def load(self, run_id: UUID) -> list[StepRecord]:
+        """Answer every step of a run in ``seq`` order (empty for a new run).
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            self._m.now()
+            return self._m.step_records(run_id)
+
+    async def write(self, write: StepWrite) -> bool:
+        """Insert or replace one step record (by ``run_id`` and name), fenced like an ack.
+
+        A write carrying ``job_id`` and ``fence`` lands only while that row is ``running`` under
+        the fence and belongs to ``write.run_id``; one carrying neither (``run_inline``) always
+        lands. A first insert gets ``seq`` one past the run's highest (its step count while no
+        step was deleted by :meth:`MemoryIntrospector.resolve_step`); a replacement keeps it.
+
+        Returns:
+            ``True`` when written; ``False``, writing nothing, when the fence does not hold.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a write carrying only one
+                of ``job_id`` and ``fence``, or an output or match that is not JSON.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        record = write.record
+        output = _encode(record.output, "step output")
+        match = None if record.match is None else _encode(dict(record.match), "step match")
+        with self._m.lock:
+            self._m.now()
+            if write.job_id is not None and write.fence is not None:
+                row = self._m.fenced(write.job_id, write.fence)
+                if row is None or row.run_id != write.run_id:
+                    return False
+            elif write.job_id is not None or write.fence is not None:
+                raise DriverRequestInvalidError(
+                    "a step write carries both job_id and fence, or neither (run_inline)",
+                    job_id=None if write.job_id is None else str(write.job_id),
+                )
+            run = self._m.steps.setdefault(write.run_id, {})
+            previous = run.get(record.name)
+            if previous is not None:
+                seq = previous.record.seq
+            else:
+                seq = max((step.record.seq for step in run.values()), default=-1) + 1
+            run[record.name] = _Step(
+                record=replace(record, seq=seq, output=None, match=None),
+                output=output,
+                match=match,
+                match_value=None if match is None else json.loads(match),
+            )
+            return True
+
+    async def now(self) -> datetime:
+        """Answer the driver clock's current instant (UTC)."""
+        with self._m.lock:
+            return self._m.now()
+
+
+class MemoryIntrospector:
+    """The memory driver's :class:`~jobs_core.driver.Introspector` (the operator surface).
+
+    ``JobInfo.state`` is the stored state: a ``delayed`` row whose ``run_at`` has passed still
+    shows ``delayed`` until it is claimed (:meth:`MemoryDriver.stats` counts it as ready).
+    ``JobInfo.attempt`` is the number of attempts spent so far: ``0`` while the first attempt
+    runs, and after a settle the number the row used.
+
+    Args:
+        memory: the driver's shared state.
+    """
+
+    def __init__(self, memory: _Memory) -> None:
+        """Serve ``memory`` (the arguments are described in the class docstring)."""
+        self._m = memory
+
+    async def get(self, job_id: UUID) -> JobInfo | None:
+        """Answer one job with its step trace (in ``seq`` order), or ``None`` for an unknown id.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            self._m.now()
+            row = self._m.rows.get(job_id)
+            return None if row is None else self._m.info(row, with_steps=True)
+
+    async def cancel(self, job_id: UUID, reason: str) -> JobInfo:
+        """Cancel a live job: it is ``cancelled`` now and frees its idempotency key.
+
+        A running row's next ack, nack, heartbeat, progress or step write answers ``False``, so
+        the worker fires the body's cancel signal. ``last_error`` becomes ``reason`` and
+        ``last_error_code`` ``X_JOB_CANCELLED``.
+
+        Returns:
+            The cancelled job, with its steps.
+
+        Raises:
+            JobNotFoundError: ``X_JOB_NOT_FOUND``.
+            JobNotCancellableError: ``X_JOB_NOT_CANCELLABLE`` for a finished row.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            now = self._m.now()
+            row = self._m.rows.get(job_id)
+            if row is None:
+                raise JobNotFoundError(f"no job has id {job_id}", job_id=str(job_id))
+            if row.state not in LIVE_STATES:
+                raise JobNotCancellableError(
+                    f"job {job_id} already finished ({row.state})",
+                    job_id=str(job_id),
+                    state=str(row.state),
+                )
+            row.last_error = reason
+            row.last_error_code = JobCancelledError.code
+            row.last_error_stack = None
+            self._m.finish(row, JobState.CANCELLED, now)
+            return self._m.info(row, with_steps=True)
+
+    async def resolve_step(self, job_id: UUID, step: str, resolution: StepResolution) -> None:
+        """Settle a ``once`` step left ``started``: ``ran`` completes it, else it is deleted.
+
+        A completed step gets ``resolution.output`` and ``completed_at`` now; a deleted step
+        leaves the other steps' ``seq`` unchanged, so the next attempt runs it again.
+
+        Raises:
+            JobNotFoundError: ``X_JOB_NOT_FOUND``.
+            StepNotResolvableError: ``X_STEP_NOT_RESOLVABLE`` unless the step is a ``once`` step
+                in ``started``.
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an output that is not
+                JSON.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        output = _encode(resolution.output, "step output")
+        with self._m.lock:
+            now = self._m.now()
+            row = self._m.rows.get(job_id)
+            if row is None:
+                raise JobNotFoundError(f"no job has id {job_id}", job_id=str(job_id))
+            run = self._m.steps.get(row.run_id, {})
+            stored = run.get(step)
+            if stored is None or not (stored.record.once and stored.record.status == "started"):
+                raise StepNotResolvableError(
+                    f"step {step!r} of job {job_id} is not a once step left started",
+                    job_id=str(job_id),
+                    step=step,
+                    status=None if stored is None else stored.record.status,
+                )
+            if resolution.ran:
+                stored.record = replace(stored.record, status="completed", completed_at=now)
+                stored.output = output
+            else:
+                del run[step]
+
+    async def record_progress(self, job_id: UUID, fence: Fence, progress: JSONValue) -> bool:
+        """Store a running job's progress (JSON); fenced like an ack.
+
+        Returns:
+            ``True`` when stored; ``False`` when the row is not ``running`` under ``fence``.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a value that is not JSON.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        text = _encode(progress, "progress")
+        with self._m.lock:
+            now = self._m.now()
+            row = self._m.fenced(job_id, fence)
+            if row is None:
+                return False
+            row.progress = text
+            row.updated_at = now
+            return True
+
+    async def pause_queue(self, queue: str) -> None:
+        """Stop every claim from ``queue`` from its next call on; enqueues still land.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            self._m.now()
+            self._m.paused.add(queue)
+
+    async def resume_queue(self, queue: str) -> None:
+        """Let claims take rows from ``queue`` again, and wake subscribers for it.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            self._m.now()
+            was_paused = queue in self._m.paused
+            self._m.paused.discard(queue)
+        if was_paused:
+            self._m.notify([queue])
+
+    async def paused_queues(self) -> list[str]:
+        """Answer the paused queues, sorted.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            self._m.now()
+            return sorted(self._m.paused)
+
+    # Last in the class: inside this class body ``list`` names this method.
+    async def list(self, flt: JobFilter) -> JobPage:
+        """Answer one page of jobs, newest first by ``(created_at, id)``, without step traces.
+
+        Filters combine with AND; ``id_prefix`` is compared with the id's lowercase text and
+        ``created_to`` is exclusive. ``after=`` answers rows older than the cursor's position and
+        ``before=`` rows newer than it (the page is still newest first). A cursor is a position,
+        not a row, so it stays valid whatever happens to the row it came from.
+
+        Returns:
+            The page; ``next`` is the last row's cursor when older rows match, ``prev`` the first
+            row's cursor when newer rows match (both ``None`` for an empty page).
+
+        Raises:
+            JobPageInvalidError: ``X_JOB_PAGE_INVALID`` for ``limit`` outside 1..200, a cursor
+                this driver did not issue, or both ``after`` and ``before``.
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a naive
+                ``created_from``/``created_to``.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        limit = flt.limit
+        if not 1 <= limit <= MAX_JOB_PAGE:
+            raise JobPageInvalidError(
+                f"limit must be 1..{MAX_JOB_PAGE}, got {limit}", limit=limit, max=MAX_JOB_PAGE
+            )
+        if flt.after is not None and flt.before is not None:
+            raise JobPageInvalidError("pass after= or before=, not both")
+        after = None if flt.after is None else _cursor_position(flt.after)
+        before = None if flt.before is None else _cursor_position(flt.before)
+        keep = _row_filter(flt)
+        with self._m.lock:
+            self._m.now()
+            rows = self._m.listing
+
+            def index(row: _Row) -> int:
+                return bisect_left(rows, _position(row), key=_position)
+
+            if before is not None:
+                found = list(
+                    islice(_newer(rows, bisect_right(rows, before, key=_position), keep), limit + 1)
+                )
+                more_newer = len(found) > limit
+                page = found[:limit][::-1]
+                more_older = (
+                    bool(page) and next(_older(rows, index(page[-1]), keep), None) is not None
+                )
+            else:
+                stop = len(rows) if after is None else bisect_left(rows, after, key=_position)
+                found = list(islice(_older(rows, stop, keep), limit + 1))
+                more_older = len(found) > limit
+                page = found[:limit]
+                more_newer = (
+                    after is not None
+                    and bool(page)
+                    and next(_newer(rows, index(page[0]) + 1, keep), None) is not None
+                )
+            return JobPage(
+                rows=tuple(self._m.info(row, with_steps=False) for row in page),
+                next=_cursor(page[-1]) if more_older else None,
+                prev=_cursor(page[0]) if more_newer else None,
+            )
+
+
+class MemoryLeaseStore:
+    """The memory driver's :class:`~jobs_core.driver.LeaseStore`: slots per key with expiry.
+
+    A key's slots are kept in acquisition order; a slot whose ``expires_at`` has passed is free.
+
+    Args:
+        memory: the driver's shared state.
+    """
+
+    def __init__(self, memory: _Memory) -> None:
+        """Serve ``memory`` (the arguments are described in the class docstring)."""
+        self._m = memory
+
+    def _live_slots(self, key: str, now: datetime) -> list[_Slot]:
+        """Drop ``key``'s expired slots and answer the rest (the caller holds the lock)."""
+        slots = [slot for slot in self._m.leases.get(key, ()) if slot.expires_at > now]
+        if slots:
+            self._m.leases[key] = slots
+        else:
+            self._m.leases.pop(key, None)
+        return slots
+
+    async def acquire(self, req: LeaseRequest) -> bool:
+        """Take a slot of ``req.key`` for ``req.holder`` until now plus ``req.ttl_ms``.
+
+        A holder that already holds a live slot has it renewed (always ``True``).
+
+        Returns:
+            ``True`` when held; ``False`` when ``req.limit`` other holders hold live slots.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for ``limit`` or ``ttl_ms``
+                below 1.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        if req.limit < 1 or req.ttl_ms < 1:
+            raise DriverRequestInvalidError(
+                "a lease needs limit >= 1 and ttl_ms >= 1", limit=req.limit, ttl_ms=req.ttl_ms
+            )
+        with self._m.lock:
+            now = self._m.now()
+            until = _plus_ms(now, req.ttl_ms, "ttl_ms")
+            slots = self._live_slots(req.key, now)
+            for slot in slots:
+                if slot.holder == req.holder:
+                    slot.expires_at = until
+                    return True
+            if len(slots) >= req.limit:
+                return False
+            slots.append(_Slot(req.holder, until))
+            self._m.leases[req.key] = slots
+            return True
+
+    async def renew(self, req: LeaseRequest) -> bool:
+        """Extend ``req.holder``'s live slot of ``req.key`` to now plus ``req.ttl_ms``.
+
+        Returns:
+            ``True`` when renewed; ``False`` when it holds no live slot (expired or released).
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for ``ttl_ms`` below 1.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        if req.ttl_ms < 1:
+            raise DriverRequestInvalidError("a lease needs ttl_ms >= 1", ttl_ms=req.ttl_ms)
+        with self._m.lock:
+            now = self._m.now()
+            until = _plus_ms(now, req.ttl_ms, "ttl_ms")
+            for slot in self._live_slots(req.key, now):
+                if slot.holder == req.holder:
+                    slot.expires_at = until
+                    return True
+            return False
+
+    async def release(self, key: str, holder: str) -> None:
+        """Free ``holder``'s slot of ``key`` (nothing happens if it holds none).
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            now = self._m.now()
+            slots = [slot for slot in self._live_slots(key, now) if slot.holder != holder]
+            if slots:
+                self._m.leases[key] = slots
+            else:
+                self._m.leases.pop(key, None)
+
+    async def holders(self, key: str) -> list[str]:
+        """Answer the holders of ``key``'s live slots, in acquisition order.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            now = self._m.now()
+            return [slot.holder for slot in self._live_slots(key, now)]
+
+
+class MemoryEventBus:
+    """The memory driver's :class:`~jobs_core.driver.EventBus`; it wakes waiters.
+
+    A publish stores the event and makes every ``suspended`` row due now whose run has a
+    ``waiting`` step for that event name whose ``match`` the payload satisfies (top-level key
+    equality), then wakes subscribers for those rows' queues. It scans the live rows to find
+    them: publishes are rare next to claims. A waiting step records no correlation key, so a
+    publish wakes its waiters whatever key they wait on; a woken run that :meth:`find` does not
+    satisfy parks again, so such a wake costs one claim and changes nothing.
+
+    Attributes:
+        wakes_waiters: always ``True``.
+
+    Args:
+        memory: the driver's shared state.
+    """
+
+    wakes_waiters: bool = True
+
+    def __init__(self, memory: _Memory) -> None:
+        """Serve ``memory`` (the arguments are described in the class docstring)."""
+        self._m = memory
+
+    async def publish(self, req: PublishRequest) -> StoredEvent:
+        """Store an event, matchable until now plus ``req.ttl_ms``, and wake its waiting runs.
+
+        Returns:
+            The stored event (``published_at`` is the driver clock's now).
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a payload that is not JSON
+                or a ``ttl_ms`` out of range.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        payload = _encode(req.payload, "payload")
+        woken: set[str] = set()
+        with self._m.lock:
+            now = self._m.now()
+            event = _Event(
+                id=new_id(),
+                name=req.name,
+                payload=payload,
+                payload_value=json.loads(payload),
+                correlation_key=req.correlation_key,
+                published_at=now,
+                expires_at=_plus_ms(now, req.ttl_ms, "ttl_ms"),
+                seq=self._m.next_seq(),
+            )
+            self._m.events.setdefault(req.name, []).append(event)
+            for row in self._m.live.values():
+                if (
+                    row.state is JobState.SUSPENDED
+                    and row.run_at > now
+                    and self._waits_for(row, event)
+                ):
+                    row.run_at = now
+                    row.updated_at = now
+                    self._m.file(row, now)
+                    woken.add(row.queue)
+            stored = event.stored()
+        self._m.notify(woken)
+        return stored
+
+    def _waits_for(self, row: _Row, event: _Event) -> bool:
+        """Answer whether ``row``'s run has a waiting step ``event`` satisfies."""
+        return any(
+            step.record.status == "waiting"
+            and step.record.event == event.name
+            and _payload_matches(step.match_value, event.payload_value)
+            for step in self._m.steps.get(row.run_id, {}).values()
+        )
+
+    async def find(self, query: EventQuery) -> StoredEvent | None:
+        """Answer the earliest unexpired event matching ``query``, or ``None``.
+
+        Earliest is by ``published_at``, then publish order. An event matches when it has the
+        name, was published at or after ``query.since``, carries ``query.correlation_key`` when one
+        is given, and its payload has every ``query.match`` key with an equal value (the match is
+        compared in its JSON form, so a ``UUID`` matches its text).
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a naive ``since`` or a
+                match that is not JSON.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        since = _utc(query.since, "since")
+        match = None if query.match is None else json.loads(_encode(dict(query.match), "match"))
+        with self._m.lock:
+            now = self._m.now()
+            best: _Event | None = None
+            for event in self._m.events.get(query.name, ()):
+                if (
+                    event.expires_at > now
+                    and event.published_at >= since
+                    and (
+                        query.correlation_key is None
+                        or event.correlation_key == query.correlation_key
+                    )
+                    and _payload_matches(match, event.payload_value)
+                    and (
+                        best is None
+                        or (event.published_at, event.seq) < (best.published_at, best.seq)
+                    )
+                ):
+                    best = event
+            return None if best is None else best.stored()
+
+    async def now(self) -> datetime:
+        """Answer the driver clock's current instant (UTC): the bus's one clock."""
+        with self._m.lock:
+            return self._m.now()
+
+    async def purge_expired(self) -> int:
+        """Delete every event whose ``expires_at`` has passed; answer how many.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            now = self._m.now()
+            purged = 0
+            for name in list(self._m.events):
+                kept = [event for event in self._m.events[name] if event.expires_at > now]
+                purged += len(self._m.events[name]) - len(kept)
+                if kept:
+                    self._m.events[name] = kept
+                else:
+                    del self._m.events[name]
+            return purged
+
+
+class MemoryWakeSource:
+    """The memory driver's :class:`~jobs_core.driver.WakeSource`.
+
+    Subscribers hear a queue's name when a due row lands in it (an enqueue, a nack or park due
+    now, a publish that wakes a waiting run) and when it is resumed. Rows that become due by the
+    passing of time are not announced: the worker's poll finds them.
+
+    Args:
+        memory: the driver's shared state.
+    """
+
+    def __init__(self, memory: _Memory) -> None:
+        """Serve ``memory`` (the arguments are described in the class docstring)."""
+        self._m = memory
+
+    async def subscribe(self, callback: Callable[[str], None]) -> Callable[[], Awaitable[None]]:
+        """Call ``callback(queue)`` on the calling task's event loop whenever work may be due.
+
+        Returns:
+            An async function that ends the subscription (safe to call twice, and after close).
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        loop = asyncio.get_running_loop()
+        with self._m.lock:
+            self._m.now()
+            token = self._m.next_seq()
+            self._m.subscribers[token] = (loop, callback)
+
+        async def unsubscribe() -> None:
+            with self._m.lock:
+                self._m.subscribers.pop(token, None)
+
+        return unsubscribe
+
+
+class MemoryDriver:
+    """The in-memory :class:`~jobs_core.driver.JobDriver` with every capability it can carry.
+
+    Attributes:
+        name: ``"memory"``.
+        capabilities: ``introspect``, ``leases``, ``events`` and ``wake``.
+        steps: the step store (:class:`MemoryStepStore`).
+        introspect: the operator surface (:class:`MemoryIntrospector`).
+        leases: the lease store (:class:`MemoryLeaseStore`).
+        events: the event bus (:class:`MemoryEventBus`, which wakes waiters).
+        wake: the wake source (:class:`MemoryWakeSource`).
+
+    Args:
+        clock: the clock every time decision reads (due rows, leases, expiry, timestamps);
+            :data:`~jobs_core.clock.SYSTEM_CLOCK` when ``None``.
+
+    Every method and every store's method raises ``DriverUnavailableError``
+    (``X_DRIVER_UNAVAILABLE``) after :meth:`close`. The driver is safe to share between threads,
+    each driving an event loop of its own.
+    """
+
+    name: str = "memory"
+    capabilities: frozenset[str] = _CAPABILITIES
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        """Start empty (the arguments are described in the class docstring)."""
+        self._m = _Memory(SYSTEM_CLOCK if clock is None else clock)
+        # Typed as the protocol: JobDriver.steps is a settable member, so mypy wants it exact.
+        self.steps: StepStore = MemoryStepStore(self._m)
+        self.introspect = MemoryIntrospector(self._m)
+        self.leases = MemoryLeaseStore(self._m)
+        self.events = MemoryEventBus(self._m)
+        self.wake = MemoryWakeSource(self._m)
+
+    async def enqueue(self, req: EnqueueRequest) -> EnqueueResult:
+        """Queue one row (the one-element case of :meth:`enqueue_many`).
+
+        Returns:
+            The row's ids; ``deduped`` when ``req.id`` names an existing row (live or finished)
+            or a live row holds ``(name, tenant_id or '', idempotency_key)``.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` as :meth:`enqueue_many`.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`close`; nothing queued.
+        """
+        return (await self.enqueue_many([req]))[0]
+
+    async def enqueue_many(self, reqs: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        """Queue many rows in order, all or none.
+
+        A request whose ``id`` names an existing row (live or finished) answers that row with
+        ``deduped=True``; else one whose key a live row holds (an earlier request of this batch
+        included) answers that row with ``deduped=True``; else a row is inserted. Its ``run_at``
+        is ``req.run_at``, or now plus ``req.delay_ms``; a past instant is stored as now (due at
+        once, and not older than the rows already waiting). It is ``delayed`` when ``run_at`` is
+        in the future, else ``ready``, and wake subscribers hear its queue.
+
+        Returns:
+            One result per request, in input order.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID``, inserting nothing, when a
+                request has an empty name, queue or idempotency key, ``max_attempts`` below 1, a
+                naive ``run_at``, a due instant out of range, or an input that is not JSON (or
+                holds a NUL character).
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`close`; nothing queued.
+        """
+        inputs = [self._checked_input(req) for req in reqs]
+        woken: set[str] = set()
+        with self._m.lock:
+            now = self._m.now()
+            # Every due instant is computed before the first insert so a bad one inserts nothing.
+            due = [self._due_at(req, now) for req in reqs]
+            results = [
+                self._insert(req, text, run_at, now, woken)
+                for req, text, run_at in zip(reqs, inputs, due, strict=True)
+            ]
+        self._m.notify(woken)
+        return results
+
+    @staticmethod
+    def _checked_input(req: EnqueueRequest) -> str:
+        """Validate the fields a row cannot do without; answer the input's JSON text."""
+        empty = [
+            what
+            for what, value in (
+                ("name", req.name),
+                ("queue", req.queue),
+                ("idempotency_key", req.idempotency_key),
+            )
+            if not value
+        ]
+        if empty:
+            raise DriverRequestInvalidError(
+                f"an enqueue needs a non-empty {', '.join(empty)}", fields=empty, job=req.name
+            )
+        if req.max_attempts < 1:
+            raise DriverRequestInvalidError(
+                f"max_attempts must be >= 1, got {req.max_attempts}", job=req.name
+            )
+        return _encode(req.input, "input")
+
+    @staticmethod
+    def _due_at(req: EnqueueRequest, now: datetime) -> datetime:
+        """Answer when a new row becomes due: never before ``now``."""
+        if req.run_at is not None:
+            return max(_utc(req.run_at, "run_at"), now)
+        return _plus_ms(now, max(req.delay_ms, 0), "delay_ms")
+
+    def _insert(
+        self, req: EnqueueRequest, text: str, run_at: datetime, now: datetime, woken: set[str]
+    ) -> EnqueueResult:
+        """Insert one row unless its id or live key is taken (the caller holds the lock)."""
+        m = self._m
+        existing = m.rows.get(req.id) or m.keys.get(
+            (req.name, req.tenant_id or "", req.idempotency_key)
+        )
+        if existing is not None:
+            return EnqueueResult(existing.id, existing.run_id, deduped=True)
+        row = _Row(
+            id=req.id,
+            run_id=req.run_id,
+            name=req.name,
+            queue=req.queue,
+            input=text,
+            idempotency_key=req.idempotency_key,
+            tenant_id=req.tenant_id,
+            state=JobState.DELAYED if run_at > now else JobState.READY,
+            max_attempts=req.max_attempts,
+            run_at=run_at,
+            created_at=now,
+            updated_at=now,
+            seq=m.next_seq(),
+            traceparent=req.traceparent,
+            enqueued_by=req.enqueued_by,
+        )
+        m.rows[row.id] = row
+        m.live[row.id] = row
+        m.keys[_live_key(row)] = row
+        insort(m.listing, row, key=_position)
+        m.queues.setdefault(row.queue, _Queue())
+        m.file(row, run_at)
+        if row.state is JobState.READY:
+            woken.add(row.queue)
+        return EnqueueResult(row.id, row.run_id, deduped=False)
+
+    async def claim(self, req: ClaimRequest) -> list[ClaimedJob]:
+        """Lease up to ``req.limit`` claimable rows of ``req.queues`` to ``req.worker_id``.
+
+        Claimable: ``ready``/``delayed``/``suspended`` rows whose ``run_at`` has passed, and
+        ``running`` rows whose lease lapsed (that attempt is counted), oldest ``(run_at,
+        insertion)`` first across the queues; paused queues yield nothing. A lapsed row whose
+        counted attempts reach ``max_attempts`` is buried instead: ``dead`` with ``last_error``
+        ``LEASE_LAPSED_FINAL_ATTEMPT``, or ``failed`` if its name is in ``req.drop_exhausted``; it
+        frees its key and is reported to ``req.on_exhausted`` (after the claim, outside the lock).
+        Each handed-out row is ``running`` until now plus ``req.visibility_timeout_ms``, its
+        ``claim`` ordinal one higher.
+
+        Returns:
+            The claimed rows; ``attempt`` is the spent attempts plus one.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty queue list, a
+                limit below 1, or a visibility timeout out of range.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`close`.
+        """
+        if not req.queues or req.limit < 1:
+            raise DriverRequestInvalidError(
+                "a claim needs at least one queue and a limit >= 1",
+                queues=list(req.queues),
+                limit=req.limit,
+            )
+        claimed: list[ClaimedJob] = []
+        buried: list[BuriedJob] = []
+        m = self._m
+        with m.lock:
+            now = m.now()
+            lease_until = _plus_ms(now, req.visibility_timeout_ms, "visibility_timeout_ms")
+            queues = [
+                m.queues[name]
+                for name in dict.fromkeys(req.queues)
+                if name in m.queues and name not in m.paused
+            ]
+            for queue in queues:
+                self._promote(queue, now)
+            while len(claimed) < req.limit:
+                source: _Queue | None = None
+                best: _Entry | None = None
+                for queue in queues:
+                    top = self._due_top(queue, now)
+                    if top is not None and (best is None or top[:2] < best[:2]):
+                        source, best = queue, top
+                if source is None or best is None:
+                    break
+                heapq.heappop(source.due)
+                row = best[3]
+                if row.state is JobState.RUNNING:
+                    row.attempts += 1
+                    if row.attempts >= row.max_attempts:
+                        dropped = row.name in req.drop_exhausted
+                        state = JobState.FAILED if dropped else JobState.DEAD
+                        row.last_error = LEASE_LAPSED_FINAL_ATTEMPT
+                        row.last_error_code = None
+                        row.last_error_stack = None
+                        m.finish(row, state, now)
+                        buried.append(BuriedJob(row.id, row.name, row.queue, state))
+                        continue
+                row.state = JobState.RUNNING
+                row.claim += 1
+                row.claimed_by = req.worker_id
+                row.visible_at = lease_until
+                row.updated_at = now
+                m.file(row, lease_until)
+                claimed.append(self._claimed(row, req.worker_id))
+        if req.on_exhausted is not None:
+            for job in buried:
+                req.on_exhausted(job)
+        return claimed
+
+    def _promote(self, queue: _Queue, now: datetime) -> None:
+        """Move ``queue``'s entries that became claimable from ``pending`` to ``due``."""
+        pending = queue.pending
+        while pending and pending[0][0] <= now:
+            _, seq, token, row = heapq.heappop(pending)
+            if token != row.token:
+                continue
+            at = row.visible_at if row.state is JobState.RUNNING else row.run_at
+            if at is not None and at > now:
+                # A heartbeat moved the lease on since this entry was filed.
+                heapq.heappush(pending, (at, seq, token, row))
+            else:
+                heapq.heappush(queue.due, (row.run_at, seq, token, row))
+
+    @staticmethod
+    def _due_top(queue: _Queue, now: datetime) -> _Entry | None:
+        """Answer ``queue``'s first valid, claimable ``due`` entry, dropping stale ones."""
+        due = queue.due
+        while due:
+            entry = due[0]
+            row = entry[3]
+            if entry[2] != row.token:
+                heapq.heappop(due)
+                continue
+            at = row.visible_at if row.state is JobState.RUNNING else row.run_at
+            if at is not None and at > now:
+                # Renewed since it was promoted (or the clock went back): wait again.
+                heapq.heappop(due)
+                heapq.heappush(queue.pending, (at, entry[1], entry[2], row))
+                continue
+            return entry
+        return None
+
+    @staticmethod
+    def _claimed(row: _Row, worker_id: str) -> ClaimedJob:
+        return ClaimedJob(
+            id=row.id,
+            run_id=row.run_id,
+            name=row.name,
+            queue=row.queue,
+            input=json.loads(row.input),
+            attempt=row.attempts + 1,
+            max_attempts=row.max_attempts,
+            claim=row.claim,
+            worker_id=worker_id,
+            tenant_id=row.tenant_id,
+            idempotency_key=row.idempotency_key,
+            traceparent=row.traceparent,
+            enqueued_by=row.enqueued_by,
+            created_at=row.created_at,
+        )
+
+    async def ack(self, job_id: UUID, by: Settle) -> bool:
+        """Settle a row ``done`` with ``by.result``; fenced on ``running`` and ``by.fence``.
+
+        The attempt is counted, so the row's spent attempts equal the attempts it used. It frees
+        the row's idempotency key.
+
+        Returns:
+            ``True`` when settled; ``False``, changing nothing, when someone else owns the row.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a result that is not JSON.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`close`.
+        """
+        result = _encode(by.result, "result")
+        with self._m.lock:
+            now = self._m.now()
+            row = self._m.fenced(job_id, by.fence)
+            if row is None:
+                return False
+            row.attempts += 1
+            row.result = result
+            self._m.finish(row, JobState.DONE, now)
+            return True
+
+    async def nack(self, job_id: UUID, opts: NackOptions) -> bool:
+        """Settle a row in ``nack_state(opts)``; fenced like :meth:`ack`.
+
+        The attempt is counted when ``opts.count_attempt``, except for a park (``suspended``),
+        which never counts. ``opts.error``, when given, becomes the row's last error. A
+        ``ready``/``delayed``/``suspended`` row is due at now plus ``opts.delay_ms`` (wake
+        subscribers hear its queue when that is now); ``dead``/``failed`` frees its key.
+
+        Returns:
+            ``True`` when settled; ``False``, changing nothing, when someone else owns the row.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a delay out of range.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`close`.
+        """
+        target = nack_state(opts)
+        woken: set[str] = set()
+        with self._m.lock:
+            now = self._m.now()
+            run_at = _plus_ms(now, max(opts.delay_ms, 0), "delay_ms")
+            row = self._m.fenced(job_id, opts.fence)
+            if row is None:
+                return False
+            if opts.count_attempt and target is not JobState.SUSPENDED:
+                row.attempts += 1
+            if opts.error is not None:
+                row.last_error = opts.error.message
+                row.last_error_code = opts.error.code
+                row.last_error_stack = opts.error.stack
+            if target in _QUEUED:
+                row.state = target
+                row.run_at = run_at
+                row.visible_at = None
+                row.updated_at = now
+                self._m.file(row, run_at)
+                if run_at <= now:
+                    woken.add(row.queue)
+            else:
+                self._m.finish(row, target, now)
+        self._m.notify(woken)
+        return True
+
+    async def heartbeat(self, job_id: UUID, fence: Fence, visibility_timeout_ms: int) -> bool:
+        """Renew a running row's lease to now plus ``visibility_timeout_ms``; fenced like ack.
+
+        Returns:
+            ``True`` when renewed; ``False`` when the row was cancelled, settled or re-claimed,
+            and the worker should fire the body's cancel signal.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a timeout out of range.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`close`.
+        """
+        with self._m.lock:
+            now = self._m.now()
+            until = _plus_ms(now, visibility_timeout_ms, "visibility_timeout_ms")
+            row = self._m.fenced(job_id, fence)
+            if row is None:
+                return False
+            # The heaps are not touched: the row's entry is re-filed when it surfaces early.
+            row.visible_at = until
+            return True
+
+    async def stats(self) -> list[QueueStats]:
+        """Answer counts per queue that ever had a row, by effective state, sorted by queue.
+
+        ``ready``/``delayed`` rows count as ready once their ``run_at`` has passed, else as
+        delayed; ``oldest_ready_ms`` is now minus the earliest such ready ``run_at`` (0 if none).
+        Live rows are scanned; finished rows are counted as they settle.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`close`.
+        """
+        with self._m.lock:
+            now = self._m.now()
+            counts: dict[str, dict[JobState, int]] = {
+                name: dict(queue.finished) for name, queue in self._m.queues.items()
+            }
+            oldest: dict[str, datetime] = {}
+            for row in self._m.live.values():
+                state = row.state
+                if state is JobState.READY or state is JobState.DELAYED:
+                    if row.run_at <= now:
+                        state = JobState.READY
+                        if row.queue not in oldest or row.run_at < oldest[row.queue]:
+                            oldest[row.queue] = row.run_at
+                    else:
+                        state = JobState.DELAYED
+                per_queue = counts[row.queue]
+                per_queue[state] = per_queue.get(state, 0) + 1
+        return [
+            QueueStats(
+                queue=name,
+                ready=per_queue.get(JobState.READY, 0),
+                delayed=per_queue.get(JobState.DELAYED, 0),
+                running=per_queue.get(JobState.RUNNING, 0),
+                suspended=per_queue.get(JobState.SUSPENDED, 0),
+                done=per_queue.get(JobState.DONE, 0),
+                failed=per_queue.get(JobState.FAILED, 0),
+                dead=per_queue.get(JobState.DEAD, 0),
+                cancelled=per_queue.get(JobState.CANCELLED, 0),
+                oldest_ready_ms=(max(0, (now - oldest[name]) // _ONE_MS) if name in oldest else 0),
+            )
+            for name, per_queue in sorted(counts.items())
+        ]
+
+    async def demand(self) -> dict[str, int]:
+        """Answer, per queue that ever had a row, running rows under a live lease plus rows due.
+
+        Due rows are ``ready``/``delayed``/``suspended`` rows whose ``run_at`` has passed and
+        ``running`` rows whose lease lapsed; a paused queue counts only its live-lease rows.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`close`.
+        """
+        with self._m.lock:
+            now = self._m.now()
+            demand = dict.fromkeys(sorted(self._m.queues), 0)
+            for row in self._m.live.values():
+                if row.state is JobState.RUNNING:
+                    leased = row.visible_at is not None and row.visible_at > now
+                    due = not leased
+                else:
+                    leased = False
+                    due = row.run_at <= now
+                if leased or (due and row.queue not in self._m.paused):
+                    demand[row.queue] += 1
+            return demand
+
+    def describe(self) -> dict[str, Any]:
+        """Answer ``{"name", "capabilities", "not_applicable"}`` (capability lists sorted)."""
+        return {
+            "name": self.name,
+            "capabilities": sorted(self.capabilities),
+            "not_applicable": sorted(set(CAPABILITIES) - self.capabilities),
+        }
+
+    async def close(self) -> None:
+        """Close the driver: later calls raise ``X_DRIVER_UNAVAILABLE``; closing twice is fine.
+
+        Wake subscriptions end; the rows are kept only as long as the object lives.
+        """
+        with self._m.lock:
+            self._m.closed = True
+            self._m.subscribers.clear()
+
+    def next_due_at(self) -> datetime | None:
+        """Answer when the next claim could take a row, for tests that advance a manual clock.
+
+        It is the earliest ``run_at`` of a live row that is not running, or lease expiry of a
+        running row, over queues that are not paused (no claim takes their rows); it may be in
+        the past. ``None`` when there is no such row.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`close`.
+        """
+        with self._m.lock:
+            self._m.now()
+            instants = [
+                row.visible_at if row.state is JobState.RUNNING else row.run_at
+                for row in self._m.live.values()
+                if row.queue not in self._m.paused
+            ]
+        return min((at for at in instants if at is not None), default=None)
+
+    def live_count(self) -> int:
+        """Answer how many rows are live (``ready``, ``delayed``, ``running``, ``suspended``).
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`close`.
+        """
+        with self._m.lock:
+            self._m.now()
+            return len(self._m.live)
+
+
+def open_memory_driver(url: str, **options: Any) -> MemoryDriver:
+    """Open a fresh, empty memory driver (the ``jobs.drivers`` entry point for ``memory``).
+
+    Each call answers a driver of its own: two calls with the same URL share nothing.
+
+    Args:
+        url: ``"memory://"`` (no host, path or query).
+        **options: ``clock`` (a :class:`~jobs_core.clock.Clock`) and nothing else.
+
+    Raises:
+        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for another URL, an unknown
+            option, or a ``clock`` that is not a Clock.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "memory" or parts.netloc or parts.path.strip("/") or parts.query:
+        raise DriverRequestInvalidError(
+            f"the memory driver takes the URL 'memory://', not {url!r}", url=url
+        )
+    clock = options.pop("clock", None)
+    if options:
+        raise DriverRequestInvalidError(
+            f"the memory driver takes only clock=, not {', '.join(sorted(options))}",
+            options=sorted(options),
+        )
+    if clock is not None and not isinstance(clock, Clock):
+        raise DriverRequestInvalidError("clock= must have now() and monotonic()")
+    return MemoryDriver(clock)

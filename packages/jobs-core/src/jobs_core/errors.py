@@ -1,0 +1,635 @@
+"""The error registry: one class per ``X_…`` code, each with a one-line fix.
+
+Every error the library raises is a :class:`JobsError` subclass carrying ``code`` (the stable
+``X_…`` name operators search for), ``fix`` (one line telling the reader what to change) and
+``meta`` (structured, JSON-able details; never a job's payload).
+
+The table in the package README is generated from :data:`ERROR_CODES` by
+``python -m jobs_core.errors`` and a test checks the two agree, so the documentation cannot drift
+from the code.
+
+Classification decides what the queue does with an error raised by a job body (``10-core.md``
+§3): ``terminal`` dead-letters at once with attempts unspent, ``retry_after`` retries at the time
+named by ``meta["retry_after_seconds"]``, anything else follows the backoff schedule.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+Classification = Literal["terminal", "retry_after", "retry"]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorCode:
+    """One row of the registry.
+
+    Attributes:
+        code: the stable ``X_…`` name.
+        class_name: the name of the :class:`JobsError` subclass raised for it.
+        summary: what it means, one sentence.
+        fix: what the reader should change, one line.
+        classification: what the queue does when a job body raises it.
+    """
+
+    code: str
+    class_name: str
+    summary: str
+    fix: str
+    classification: Classification = "retry"
+
+
+ERROR_CODES: tuple[ErrorCode, ...] = (
+    ErrorCode(
+        "X_JOB_DECLARATION_INVALID",
+        "JobDeclarationInvalidError",
+        "A job or task declaration has missing or bad fields (all of them are listed).",
+        "Correct every field named in the message; declarations are checked at import time.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_IDEMPOTENCY_REQUIRED",
+        "IdempotencyRequiredError",
+        "A job was declared without an idempotency_key, or it answered an empty key.",
+        "Pass idempotency_key=lambda input: '<stable key>' naming the work, never empty.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_TENANT_REQUIRED",
+        "TenantRequiredError",
+        "A job was declared without a tenant.",
+        'Pass tenant=lambda input: <org id> or tenant="none" for work that belongs to no tenant.',
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_DUPLICATE",
+        "JobDuplicateError",
+        "Two declarations share one job name, or an enqueue under on_conflict='error' met a live job.",
+        "Give each job its own name=; or enqueue with on_conflict='dedupe' to receive the live job's ids.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_INPUT_INVALID",
+        "JobInputInvalidError",
+        "A job's input does not validate against its declared input model.",
+        "Send input the model accepts; a stored payload that no longer parses needs a migration or a requeue with new input.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_OPTIONS_INVALID",
+        "JobOptionsInvalidError",
+        "An enqueue option (delay, run_at, queue, tenant_id, run_id, ...) is malformed.",
+        "Correct the option named in the message (durations: '250ms', '30s', '10m', '3d', timedelta or int ms).",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_ENQUEUE_BATCH_TOO_LARGE",
+        "EnqueueBatchTooLargeError",
+        "enqueue_many was given more inputs than MAX_ENQUEUE_BATCH (10,000), or on_conflict='error'.",
+        "Split the inputs into batches of at most 10,000 and use on_conflict='dedupe' in a batch.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_TENANT_MISMATCH",
+        "TenantMismatchError",
+        "The tenant stated at enqueue (explicit, enqueue_as or the ambient actor) is not the tenant the input names.",
+        "Enqueue under the org the input belongs to, or wrap a deliberate ambient crossing in cross_tenant('why').",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_DRIVER_UNAVAILABLE",
+        "DriverUnavailableError",
+        "No driver is installed, or the backend cannot be reached; nothing was queued.",
+        "Install a driver (use_driver/install_driver or a worker) or bring the backend back; the call is safe to repeat.",
+    ),
+    ErrorCode(
+        "X_DRIVER_UNKNOWN",
+        "DriverUnknownError",
+        "No installed package provides a driver for the URL's scheme.",
+        "Install the driver's package, e.g. pip install 'jobs-core[pg]' for postgresql://.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_DRIVER_REQUEST_INVALID",
+        "DriverRequestInvalidError",
+        "A driver call was made with arguments the protocol refuses (e.g. claim with no queues).",
+        "Pass at least one queue and positive limits; see the JobDriver docstrings.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_NOT_IMPLEMENTED",
+        "NotImplementedByDriverError",
+        "The driver does not declare the capability this call needs.",
+        "Use a driver that declares it (driver.describe() lists capabilities), e.g. memory:// or postgresql://.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_STEP_DUPLICATE",
+        "StepDuplicateError",
+        "Two steps in one run share a name (step names are the replay key).",
+        "Give each step a unique, deterministic name, e.g. f'send:{user_id}'.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_STEP_NAME_INVALID",
+        "StepNameInvalidError",
+        "A step name is empty, too long, or reserved ('unwinding', 'compensate:*').",
+        "Use a non-empty name of at most 200 characters that is not reserved.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_STEP_OUTPUT_UNSERIALIZABLE",
+        "StepOutputUnserializableError",
+        "A step returned a value JSON cannot hold (bytes, set, a cycle, an arbitrary object, NUL in a string).",
+        "Return JSON-able data: ids rather than object graphs, lists rather than sets, base64 text rather than bytes.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_STEP_OUTCOME_UNKNOWN",
+        "StepOutcomeUnknownError",
+        "A once=True step started and its completion was never recorded; running it again could repeat its effect.",
+        "Check the effect, then: jobs resolve-step ID STEP --ran --output JSON (or --not-ran), then jobs retry ID.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_STEP_TIMEOUT",
+        "StepTimeoutError",
+        "A step.run outlived the job's step_timeout; its cancel signal was fired.",
+        "Make the step faster, honour its cancel signal, or raise step_timeout.",
+    ),
+    ErrorCode(
+        "X_STEP_NOT_RESOLVABLE",
+        "StepNotResolvableError",
+        "resolve_step was asked about a step that is not a once=True step left started without completion.",
+        "Resolve only steps that failed with X_STEP_OUTCOME_UNKNOWN (jobs show ID lists them).",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_ABORTED",
+        "AbortedError",
+        "A step write came after the attempt was cancelled or its claim was lost; it was refused.",
+        "Nothing to fix in the run that replaced it; make bodies honour ctx.cancel so they stop sooner.",
+    ),
+    ErrorCode(
+        "X_DRAINING",
+        "DrainingError",
+        "The worker is shutting down (SIGTERM/SIGINT); the attempt is interrupted and not counted.",
+        "Nothing: the job is handed back and runs again on another worker.",
+    ),
+    ErrorCode(
+        "X_JOB_TIMEOUT",
+        "JobTimeoutError",
+        "An attempt outlived the job's timeout, or a required wait_for_event timed out.",
+        "Raise timeout=, make the body honour ctx.cancel, or handle the missing event.",
+    ),
+    ErrorCode(
+        "X_JOB_CANCELLED",
+        "JobCancelledError",
+        "An operator cancelled the job while it was live.",
+        "Nothing: requeue it (jobs retry ID) if the cancel was a mistake.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_LEASE_LOST",
+        "LeaseLostError",
+        "The worker lost the job's lease (no renewal landed for a whole visibility timeout).",
+        "Keep bodies from blocking the event loop (CPU work belongs in a sync body) or raise the visibility timeout.",
+    ),
+    ErrorCode(
+        "X_JOB_EVENT_INVALID",
+        "EventInvalidError",
+        "A stored event does not validate against the wait's schema (the issues are listed; the payload is not).",
+        "Publish payloads the waiting schema accepts, or widen the schema.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_COMPENSATION_FAILED",
+        "CompensationFailedError",
+        "A compensator kept failing after the unwind used its attempts; the run is dead.",
+        "Fix the compensator, then jobs retry ID: finished compensators are not run again.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_KEY_BUSY",
+        "KeyBusyError",
+        "A job with Concurrency(when_busy='fail') found every slot of its key taken; the body never ran.",
+        "Use when_busy='wait', raise the limit, or enqueue later.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_CONCURRENCY_UNENFORCEABLE",
+        "ConcurrencyUnenforceableError",
+        "A job declares fleet concurrency but the worker's driver has no lease store.",
+        "Run the worker on a driver with leases (memory://, postgresql://) or drop concurrency= from the job.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_UNKNOWN",
+        "JobUnknownError",
+        "A worker claimed a row whose job name no imported module declares.",
+        "Import the module that declares the job in the worker (jobs worker APP ...), or remove the row.",
+    ),
+    ErrorCode(
+        "X_JOB_ON_SETTLED_FAILED",
+        "OnSettledFailedError",
+        "A job's on_settled hook kept failing inside on_settled_timeout; the row is unchanged.",
+        "Make the hook idempotent and quick; it is told at most once per ending.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_NOT_FOUND",
+        "JobNotFoundError",
+        "No job has that id.",
+        "Check the id (jobs ls lists them).",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_PAGE_INVALID",
+        "JobPageInvalidError",
+        "A list limit above MAX_JOB_PAGE (200) or a cursor this listing did not issue.",
+        "Use limit<=200 and pass back the cursor a previous page answered.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_NOT_CANCELLABLE",
+        "JobNotCancellableError",
+        "Only live jobs (ready, delayed, running, suspended) can be cancelled.",
+        "Nothing to cancel: the job already finished.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_NOT_REQUEUEABLE",
+        "JobNotRequeueableError",
+        "Only finished jobs (dead, cancelled, done, failed) can be requeued.",
+        "Wait for the job to finish, or cancel it first.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_NOT_REMOVABLE",
+        "JobNotRemovableError",
+        "A running job cannot be removed.",
+        "Cancel it first, then remove it.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_NOT_PROMOTABLE",
+        "JobNotPromotableError",
+        "Only a job waiting on run_at (delayed or suspended) can be promoted.",
+        "Nothing to promote: the job is already due or finished.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_CRASH_DIVERGED",
+        "CrashDivergedError",
+        "A run killed at a step boundary produced an effect more often than a clean run: an effect lives outside a step.",
+        "Move the effect into step.run so a replay answers it from storage.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_TENANCY_CROSS_FORBIDDEN",
+        "CrossTenantForbiddenError",
+        "cross_tenant() was entered by no actor, or by one not permitted to cross tenants.",
+        "Act as an actor holding the 'tenancy:cross' permission (Actor(..., permissions={'tenancy:cross'})).",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_OUTBOX_NO_TX",
+        "OutboxNoTransactionError",
+        "The outbox is installed with mode='required' and the enqueue ran outside a transaction.",
+        "Enqueue inside the app's transaction (jobs_pg.transaction(conn)) or install with mode='optional'.",
+        "terminal",
+    ),
+)
+
+_BY_CODE: dict[str, ErrorCode] = {entry.code: entry for entry in ERROR_CODES}
+_CLASSIFIED: dict[str, Classification] = {entry.code: entry.classification for entry in ERROR_CODES}
+
+
+class JobsError(Exception):
+    """Base of every error this library raises.
+
+    Attributes:
+        code: the stable ``X_…`` name (class attribute, one per subclass).
+        fix: one line telling the reader what to change.
+        meta: structured details (JSON-able); never a job's payload.
+
+    Args:
+        message: what went wrong, in words; defaults to the registry's summary.
+        meta: structured details to attach.
+    """
+
+    code: ClassVar[str] = "X_JOBS"
+    fix: ClassVar[str] = ""
+
+    def __init__(self, message: str | None = None, **meta: Any) -> None:
+        summary = _BY_CODE[self.code].summary if self.code in _BY_CODE else self.code
+        self.message = message or summary
+        self.meta: dict[str, Any] = dict(meta)
+        super().__init__(f"{self.code}: {self.message}")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        entry = _BY_CODE.get(cls.code)
+        if entry is not None:
+            cls.fix = entry.fix
+
+
+class JobDeclarationInvalidError(JobsError):
+    """A job or task declaration has missing or bad fields (all of them are listed)."""
+
+    code = "X_JOB_DECLARATION_INVALID"
+
+
+class IdempotencyRequiredError(JobsError):
+    """A job was declared without an idempotency_key, or it answered an empty key."""
+
+    code = "X_IDEMPOTENCY_REQUIRED"
+
+
+class TenantRequiredError(JobsError):
+    """A job was declared without a tenant."""
+
+    code = "X_JOB_TENANT_REQUIRED"
+
+
+class JobDuplicateError(JobsError):
+    """Two declarations share one job name, or an enqueue under on_conflict='error' met a live job."""
+
+    code = "X_JOB_DUPLICATE"
+
+
+class JobInputInvalidError(JobsError):
+    """A job's input does not validate against its declared input model."""
+
+    code = "X_JOB_INPUT_INVALID"
+
+
+class JobOptionsInvalidError(JobsError):
+    """An enqueue option (delay, run_at, queue, tenant_id, run_id, ...) is malformed."""
+
+    code = "X_JOB_OPTIONS_INVALID"
+
+
+class EnqueueBatchTooLargeError(JobsError):
+    """enqueue_many was given more inputs than MAX_ENQUEUE_BATCH (10,000), or on_conflict='error'."""
+
+    code = "X_JOB_ENQUEUE_BATCH_TOO_LARGE"
+
+
+class TenantMismatchError(JobsError):
+    """The tenant stated at enqueue (explicit, enqueue_as or the ambient actor) is not the tenant the input names."""
+
+    code = "X_JOB_TENANT_MISMATCH"
+
+
+class DriverUnavailableError(JobsError):
+    """No driver is installed, or the backend cannot be reached; nothing was queued."""
+
+    code = "X_DRIVER_UNAVAILABLE"
+
+
+class DriverUnknownError(JobsError):
+    """No installed package provides a driver for the URL's scheme."""
+
+    code = "X_DRIVER_UNKNOWN"
+
+
+class DriverRequestInvalidError(JobsError):
+    """A driver call was made with arguments the protocol refuses (e.g. claim with no queues)."""
+
+    code = "X_DRIVER_REQUEST_INVALID"
+
+
+class NotImplementedByDriverError(JobsError):
+    """The driver does not declare the capability this call needs."""
+
+    code = "X_NOT_IMPLEMENTED"
+
+
+class StepDuplicateError(JobsError):
+    """Two steps in one run share a name (step names are the replay key)."""
+
+    code = "X_STEP_DUPLICATE"
+
+
+class StepNameInvalidError(JobsError):
+    """A step name is empty, too long, or reserved ('unwinding', 'compensate:*')."""
+
+    code = "X_STEP_NAME_INVALID"
+
+
+class StepOutputUnserializableError(JobsError):
+    """A step returned a value JSON cannot hold (bytes, set, a cycle, an arbitrary object, NUL in a string)."""
+
+    code = "X_STEP_OUTPUT_UNSERIALIZABLE"
+
+
+class StepOutcomeUnknownError(JobsError):
+    """A once=True step started and its completion was never recorded; running it again could repeat its effect."""
+
+    code = "X_STEP_OUTCOME_UNKNOWN"
+
+
+class StepTimeoutError(JobsError):
+    """A step.run outlived the job's step_timeout; its cancel signal was fired."""
+
+    code = "X_STEP_TIMEOUT"
+
+
+class StepNotResolvableError(JobsError):
+    """resolve_step was asked about a step that is not a once=True step left started without completion."""
+
+    code = "X_STEP_NOT_RESOLVABLE"
+
+
+class AbortedError(JobsError):
+    """A step write came after the attempt was cancelled or its claim was lost; it was refused."""
+
+    code = "X_ABORTED"
+
+
+class DrainingError(JobsError):
+    """The worker is shutting down (SIGTERM/SIGINT); the attempt is interrupted and not counted."""
+
+    code = "X_DRAINING"
+
+
+class JobTimeoutError(JobsError):
+    """An attempt outlived the job's timeout, or a required wait_for_event timed out."""
+
+    code = "X_JOB_TIMEOUT"
+
+
+class JobCancelledError(JobsError):
+    """An operator cancelled the job while it was live."""
+
+    code = "X_JOB_CANCELLED"
+
+
+class LeaseLostError(JobsError):
+    """The worker lost the job's lease (no renewal landed for a whole visibility timeout)."""
+
+    code = "X_JOB_LEASE_LOST"
+
+
+class EventInvalidError(JobsError):
+    """A stored event does not validate against the wait's schema (the issues are listed; the payload is not)."""
+
+    code = "X_JOB_EVENT_INVALID"
+
+
+class CompensationFailedError(JobsError):
+    """A compensator kept failing after the unwind used its attempts; the run is dead."""
+
+    code = "X_JOB_COMPENSATION_FAILED"
+
+
+class KeyBusyError(JobsError):
+    """A job with Concurrency(when_busy='fail') found every slot of its key taken; the body never ran."""
+
+    code = "X_JOB_KEY_BUSY"
+
+
+class ConcurrencyUnenforceableError(JobsError):
+    """A job declares fleet concurrency but the worker's driver has no lease store."""
+
+    code = "X_JOB_CONCURRENCY_UNENFORCEABLE"
+
+
+class JobUnknownError(JobsError):
+    """A worker claimed a row whose job name no imported module declares."""
+
+    code = "X_JOB_UNKNOWN"
+
+
+class OnSettledFailedError(JobsError):
+    """A job's on_settled hook kept failing inside on_settled_timeout; the row is unchanged."""
+
+    code = "X_JOB_ON_SETTLED_FAILED"
+
+
+class JobNotFoundError(JobsError):
+    """No job has that id."""
+
+    code = "X_JOB_NOT_FOUND"
+
+
+class JobPageInvalidError(JobsError):
+    """A list limit above MAX_JOB_PAGE (200) or a cursor this listing did not issue."""
+
+    code = "X_JOB_PAGE_INVALID"
+
+
+class JobNotCancellableError(JobsError):
+    """Only live jobs (ready, delayed, running, suspended) can be cancelled."""
+
+    code = "X_JOB_NOT_CANCELLABLE"
+
+
+class JobNotRequeueableError(JobsError):
+    """Only finished jobs (dead, cancelled, done, failed) can be requeued."""
+
+    code = "X_JOB_NOT_REQUEUEABLE"
+
+
+class JobNotRemovableError(JobsError):
+    """A running job cannot be removed."""
+
+    code = "X_JOB_NOT_REMOVABLE"
+
+
+class JobNotPromotableError(JobsError):
+    """Only a job waiting on run_at (delayed or suspended) can be promoted."""
+
+    code = "X_JOB_NOT_PROMOTABLE"
+
+
+class CrashDivergedError(JobsError):
+    """A run killed at a step boundary produced an effect more often than a clean run: an effect lives outside a step."""
+
+    code = "X_JOB_CRASH_DIVERGED"
+
+
+class CrossTenantForbiddenError(JobsError):
+    """cross_tenant() was entered by no actor, or by one not permitted to cross tenants."""
+
+    code = "X_TENANCY_CROSS_FORBIDDEN"
+
+
+class OutboxNoTransactionError(JobsError):
+    """The outbox is installed with mode='required' and the enqueue ran outside a transaction."""
+
+    code = "X_OUTBOX_NO_TX"
+
+
+ERROR_CLASSES: dict[str, type[JobsError]] = {cls.code: cls for cls in JobsError.__subclasses__()}
+
+
+def error_class(code: str) -> type[JobsError]:
+    """Answer the :class:`JobsError` subclass registered for ``code``.
+
+    Raises:
+        KeyError: the code is not in :data:`ERROR_CODES`.
+    """
+    return ERROR_CLASSES[code]
+
+
+def classify(codes: Mapping[str, Classification]) -> None:
+    """Register how the queue treats an application's own error codes.
+
+    Args:
+        codes: ``{"X_MY_CODE": "terminal" | "retry_after" | "retry"}``. An app error is matched by
+            its ``code`` attribute (any exception class may carry one).
+
+    Raises:
+        ValueError: a classification other than the three named above.
+    """
+    for code, kind in codes.items():
+        if kind not in ("terminal", "retry_after", "retry"):
+            raise ValueError(
+                f"classify: {code!r} must be 'terminal', 'retry_after' or 'retry', not {kind!r}"
+            )
+        _CLASSIFIED[code] = kind
+
+
+def error_code(error: BaseException) -> str | None:
+    """Answer the ``X_…`` code an exception carries (its ``code`` attribute), or ``None``."""
+    code = getattr(error, "code", None)
+    return code if isinstance(code, str) else None
+
+
+def classification_of(error: BaseException) -> Classification:
+    """Answer how the queue treats ``error`` raised by a job body.
+
+    Pydantic ``ValidationError``, ``PermissionError`` and registered terminal codes are terminal;
+    a ``retry_after`` code needs ``meta["retry_after_seconds"]``; anything else retries.
+    """
+    from pydantic import ValidationError
+
+    code = error_code(error)
+    if code is not None and code in _CLASSIFIED:
+        return _CLASSIFIED[code]
+    if isinstance(error, ValidationError | PermissionError):
+        return "terminal"
+    return "retry"
+
+
+def markdown_table() -> str:
+    """Render :data:`ERROR_CODES` as the Markdown table the README carries."""
+    lines = [
+        "| Code | Class | Queue treats it as | Meaning | Fix |",
+        "|---|---|---|---|---|",
+    ]
+    for entry in ERROR_CODES:
+        lines.append(
+            f"| `{entry.code}` | `{entry.class_name}` | {entry.classification} | "
+            f"{entry.summary} | {entry.fix} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown_table() + "\n")

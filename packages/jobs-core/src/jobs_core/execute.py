@@ -1,0 +1,488 @@
+"""One attempt of one claimed row: parse, check, run the body, decide, settle.
+
+The decision table (``10-core.md`` §3, §5):
+
+==================================  ======================================================
+the body...                         the row...
+==================================  ======================================================
+returned                            ``done`` (ack) — outcome ``completed``
+parked (sleep / wait)               ``suspended`` until due, attempt not spent — ``suspended``
+raised while the worker drains      ``ready`` now, attempt not spent — ``interrupted``
+raised, retryable, attempts left    ``delayed`` by backoff or ``retry_after`` — ``retried``
+raised for good                     (compensators run, newest first) then ``dead`` —
+                                    ``dead-lettered``, or ``failed`` under
+                                    ``Retry(dead_letter=False)`` — ``dropped``
+never ran: key busy, ``fail``       ``failed`` with ``X_JOB_KEY_BUSY`` — ``refused``
+never ran: over a limit / ``wait``  handed back, attempt not spent — ``deferred``
+lost its claim (cancel, lapse)      untouched (someone else owns it) — ``lost``
+==================================  ======================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import logging
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from jobs_core.clock import SYSTEM_CLOCK, Clock
+from jobs_core.context import CancelSignal, JobContext
+from jobs_core.driver import EventBus, JobDriver, LeaseRequest, LeaseStore, capability
+from jobs_core.errors import (
+    CompensationFailedError,
+    DrainingError,
+    JobsError,
+    JobTimeoutError,
+    JobUnknownError,
+    KeyBusyError,
+    TenantMismatchError,
+    classification_of,
+)
+from jobs_core.ids import new_id
+from jobs_core.job import JobHandle, JobRegistry
+from jobs_core.limits import Concurrency
+from jobs_core.retry import Retry
+from jobs_core.serialization import NotJSONError, to_json_form
+from jobs_core.steps import StepRunner, StepSuspended, SyncStep, UnwindReached, error_info
+from jobs_core.tenancy import Actor, acting_as
+from jobs_core.types import (
+    LEASE_LAPSED_FINAL_ATTEMPT,
+    ClaimedJob,
+    ErrorInfo,
+    JSONValue,
+    NackOptions,
+    Settle,
+)
+
+Outcome = Literal[
+    "completed",
+    "suspended",
+    "retried",
+    "dead-lettered",
+    "dropped",
+    "interrupted",
+    "refused",
+    "deferred",
+    "lost",
+]
+
+_log = logging.getLogger("jobs.worker")
+
+UNKNOWN_JOB_RETRY = Retry(attempts=1, backoff="fixed", delay="30s")
+"""How a row whose name no module declares is retried: every 30 s (a deploy may add it)."""
+
+BUSY_RETRY = Retry(backoff="fixed", delay="1s")
+"""How a row handed back for a busy key or an in-process limit waits: about 1 s, jittered."""
+
+
+@dataclass(slots=True)
+class AttemptEnv:
+    """What every attempt of one worker shares.
+
+    Attributes:
+        driver: the driver rows come from.
+        registry: the jobs this process knows.
+        clock: the worker's clock.
+        step_executor: threads for sync step functions.
+        body_executor: threads for sync bodies.
+        visibility_timeout_ms: the lease each claim buys (fleet slots expire with it too).
+        draining: ``True`` once the worker drains (an unwinding body is then interrupted).
+    """
+
+    driver: JobDriver
+    registry: JobRegistry
+    clock: Clock
+    step_executor: Executor
+    body_executor: Executor
+    visibility_timeout_ms: int
+    draining: bool = False
+    events: EventBus | None = field(init=False)
+    leases: LeaseStore | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        """Resolve the driver's optional stores once."""
+        self.events = capability(self.driver, "events")
+        self.leases = capability(self.driver, "leases")
+
+
+@dataclass(slots=True)
+class Attempt:
+    """The live state of one attempt, shared with the worker's heartbeat and drain.
+
+    Attributes:
+        job: the claimed row.
+        cancel: the attempt's cancel signal.
+        runner: its step runner, once the body starts.
+        slot: the fleet concurrency slot held, if any.
+        lost: set when a heartbeat found the claim gone.
+    """
+
+    job: ClaimedJob
+    cancel: CancelSignal = field(default_factory=CancelSignal)
+    runner: StepRunner | None = None
+    slot: LeaseRequest | None = None
+    lost: bool = False
+
+    def stop(self, reason: JobsError, *, abort_writes: bool) -> None:
+        """Fire the cancel signal; with ``abort_writes`` also refuse every later step write."""
+        self.cancel.fire(reason)
+        if abort_writes and self.runner is not None:
+            self.runner.abort(reason)
+
+
+async def execute(env: AttemptEnv, attempt: Attempt) -> Outcome:
+    """Run one attempt of a claimed row and settle it; answer the outcome.
+
+    Never raises for a body's failure: every failure becomes a settle. Driver errors propagate
+    (the lease then lapses and the row is re-claimed).
+    """
+    job = attempt.job
+    handle = env.registry.get(job.name)
+    if handle is None:
+        error = JobUnknownError(f"no imported module declares job {job.name!r}", job=job.name)
+        return await _fail(env, job, UNKNOWN_JOB_RETRY, error_info(error), "retry")
+    try:
+        value = handle.parse_input(job.input)
+        declared = handle.tenant_of(value)
+        if job.tenant_id is not None and declared is not None and job.tenant_id != declared:
+            raise TenantMismatchError(
+                f"row queued for tenant {job.tenant_id!r} but its input belongs to {declared!r}",
+                job=job.name,
+                form="row",
+            )
+    except JobsError as exc:
+        return await _fail(env, job, handle.retry, error_info(exc), "terminal")
+    tenant = job.tenant_id or declared
+    busy = await _acquire_slot(env, attempt, handle, value)
+    if busy is not None:
+        return busy
+    try:
+        return await _run(env, attempt, handle, value, tenant)
+    finally:
+        if attempt.slot is not None and env.leases is not None:
+            await env.leases.release(attempt.slot.key, attempt.slot.holder)
+
+
+async def _acquire_slot(
+    env: AttemptEnv, attempt: Attempt, handle: JobHandle[Any, Any], value: Any
+) -> Outcome | None:
+    spec = handle.concurrency
+    if spec is None or env.leases is None:
+        return None
+    if isinstance(spec, Concurrency):
+        key, limit, when_busy = (
+            f"job-key:{handle.name}:{spec.key(value)}",
+            spec.limit,
+            spec.when_busy,
+        )
+    else:
+        key, limit, when_busy = f"job:{handle.name}", spec, "wait"
+    req = LeaseRequest(key, limit, str(attempt.job.run_id), env.visibility_timeout_ms)
+    if await env.leases.acquire(req):
+        attempt.slot = req
+        return None
+    job = attempt.job
+    if when_busy == "fail":
+        error = KeyBusyError(f"every slot of {key!r} is taken", key=key)
+        opts = NackOptions(job.fence, error=error_info(error), fail=True, count_attempt=False)
+        return "refused" if await env.driver.nack(job.id, opts) else "lost"
+    return await hand_back(env.driver, job)
+
+
+async def hand_back(driver: JobDriver, job: ClaimedJob) -> Outcome:
+    """Give a claimed row back unrun (attempt not spent), due again in about a second."""
+    opts = NackOptions(job.fence, delay_ms=BUSY_RETRY.delay_after_ms(1), count_attempt=False)
+    return "deferred" if await driver.nack(job.id, opts) else "lost"
+
+
+async def _run(
+    env: AttemptEnv, attempt: Attempt, handle: JobHandle[Any, Any], value: Any, tenant: str | None
+) -> Outcome:
+    job = attempt.job
+    records = await env.driver.steps.load(job.run_id)
+    runner = StepRunner(
+        store=env.driver.steps,
+        job_id=job.id,
+        fence=job.fence,
+        run_id=job.run_id,
+        records=records,
+        cancel=attempt.cancel,
+        clock=env.clock,
+        executor=env.step_executor,
+        events=env.events,
+        step_timeout_ms=handle.step_timeout_ms,
+        event_poll_ms=handle.event_poll_ms,
+        compensates=handle.compensates,
+    )
+    attempt.runner = runner
+    if attempt.cancel.is_set:
+        runner.abort(attempt.cancel.reason or DrainingError())
+    if handle.compensates and not runner.unwinding and job.attempt > handle.retry.attempts:
+        await runner.begin_unwind(ErrorInfo(LEASE_LAPSED_FINAL_ATTEMPT, code=None))
+    ctx = JobContext(
+        job_id=job.id,
+        run_id=job.run_id,
+        name=job.name,
+        queue=job.queue,
+        attempt=job.attempt,
+        final_attempt=job.attempt >= handle.retry.attempts,
+        tenant_id=tenant,
+        cancel=attempt.cancel,
+        log=logging.LoggerAdapter(
+            logging.getLogger(f"jobs.job.{job.name}"),
+            {"job_id": str(job.id), "run_id": str(job.run_id), "attempt": job.attempt},
+        ),
+        _report=_progress_reporter(env, job),
+    )
+    started = env.clock.monotonic()
+    try:
+        result = await call_body(env, handle, value, runner, ctx, tenant, handle.timeout_ms)
+    except StepSuspended:
+        return await _park(env, job, runner)
+    except UnwindReached:
+        return await _unwind(env, job, handle, runner)
+    except Exception as exc:
+        if runner.unwinding:
+            return await _unwind(env, job, handle, runner)
+        return await _after_failure(env, attempt, handle, runner, exc)
+    if runner.suspension is not None:
+        return await _park(env, job, runner)
+    if runner.unwinding:
+        return await _unwind(env, job, handle, runner)
+    try:
+        stored: JSONValue = to_json_form(result)
+    except NotJSONError:
+        _log.warning(
+            "jobs.result.unserializable",
+            extra={"event": "jobs.result.unserializable", "job": job.name, "job_id": str(job.id)},
+        )
+        stored = None
+    settle = Settle(job.fence, result=stored, duration_ms=(env.clock.monotonic() - started) * 1000)
+    return "completed" if await env.driver.ack(job.id, settle) else _lost(job, "ack")
+
+
+async def call_body(
+    env: AttemptEnv,
+    handle: JobHandle[Any, Any],
+    value: Any,
+    runner: StepRunner,
+    ctx: JobContext,
+    tenant: str | None,
+    timeout_ms: int | None,
+) -> Any:
+    """Run the body under the job's tenant, in a thread for a plain ``def``, within its timeout.
+
+    At the deadline the cancel signal fires with ``X_JOB_TIMEOUT`` and step writes are refused,
+    then :class:`~jobs_core.errors.JobTimeoutError` is raised; a body that finishes later is
+    logged ``jobs.timeout.abandoned``.
+    """
+    loop = asyncio.get_running_loop()
+    with acting_as(Actor(id=f"job:{handle.name}", org_id=tenant)):
+        if handle.is_async:
+            pending: asyncio.Future[Any] = asyncio.ensure_future(handle.body(value, runner, ctx))
+        else:
+            step = SyncStep(runner, loop)
+            call = functools.partial(contextvars.copy_context().run, handle.body, value, step, ctx)
+            pending = loop.run_in_executor(env.body_executor, call)
+    done, _ = await asyncio.wait(
+        {pending}, timeout=None if timeout_ms is None else timeout_ms / 1000
+    )
+    if not done:
+        error = JobTimeoutError(f"{handle.name} outlived its timeout ({timeout_ms} ms)")
+        ctx.cancel.fire(error)
+        runner.abort(error)
+        pending.add_done_callback(functools.partial(_abandoned, handle.name, ctx.job_id))
+        raise error
+    return pending.result()
+
+
+def _abandoned(name: str, job_id: Any, _future: asyncio.Future[Any]) -> None:
+    _log.warning(
+        "jobs.timeout.abandoned",
+        extra={"event": "jobs.timeout.abandoned", "job": name, "job_id": str(job_id)},
+    )
+
+
+def _progress_reporter(env: AttemptEnv, job: ClaimedJob) -> Callable[[JSONValue], None] | None:
+    introspect = capability(env.driver, "introspect")
+    if introspect is None:
+        return None
+    loop = asyncio.get_running_loop()
+    state: dict[str, Any] = {"last": 0.0, "pending": None}
+
+    def write(progress: JSONValue) -> None:
+        task = loop.create_task(introspect.record_progress(job.id, job.fence, progress))
+        task.add_done_callback(_swallow)
+
+    def report(progress: JSONValue) -> None:
+        # At most one write per second; the latest value wins.
+        now = env.clock.monotonic()
+        if now - state["last"] >= 1.0:
+            state["last"] = now
+            loop.call_soon_threadsafe(write, progress)
+
+    return report
+
+
+def _swallow(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        _log.warning("jobs.progress.failed", extra={"event": "jobs.progress.failed"})
+
+
+async def _park(env: AttemptEnv, job: ClaimedJob, runner: StepRunner) -> Outcome:
+    assert runner.suspension is not None
+    now: datetime = await env.driver.steps.now()
+    delay_ms = max(0, int((runner.suspension.wake_at - now).total_seconds() * 1000))
+    opts = NackOptions(job.fence, delay_ms=delay_ms, park=True, count_attempt=False)
+    return "suspended" if await env.driver.nack(job.id, opts) else _lost(job, "park")
+
+
+async def _after_failure(
+    env: AttemptEnv,
+    attempt: Attempt,
+    handle: JobHandle[Any, Any],
+    runner: StepRunner,
+    exc: Exception,
+) -> Outcome:
+    job = attempt.job
+    reason = attempt.cancel.reason
+    if isinstance(reason, DrainingError) and env.draining:
+        opts = NackOptions(job.fence, error=error_info(exc), count_attempt=False)
+        return "interrupted" if await env.driver.nack(job.id, opts) else _lost(job, "interrupt")
+    if attempt.lost:
+        return _lost(job, "fail")
+    info = error_info(exc)
+    kind = classification_of(exc)
+    retry_after = _retry_after_ms(exc) if kind == "retry_after" else None
+    del exc
+    if kind != "terminal" and job.attempt < handle.retry.attempts:
+        return await _fail(env, job, handle.retry, info, kind, retry_after)
+    if handle.compensates:
+        await runner.begin_unwind(info)
+        return await _unwind(env, job, handle, runner)
+    return await _fail(env, job, handle.retry, info, "terminal")
+
+
+def _retry_after_ms(exc: BaseException) -> int | None:
+    meta = getattr(exc, "meta", None)
+    seconds = meta.get("retry_after_seconds") if isinstance(meta, dict) else None
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds >= 0:
+        return int(seconds * 1000)
+    return None
+
+
+async def _fail(
+    env: AttemptEnv,
+    job: ClaimedJob,
+    retry: Retry,
+    info: ErrorInfo,
+    kind: str,
+    retry_after_ms: int | None = None,
+) -> Outcome:
+    """Settle a failed attempt: retry while attempts remain, else dead-letter or drop."""
+    if kind != "terminal" and job.attempt < min(retry.attempts, job.max_attempts):
+        if retry_after_ms is not None:
+            delay = retry.jittered(retry_after_ms)
+        else:
+            delay = retry.delay_after_ms(job.attempt)
+        opts = NackOptions(job.fence, error=info, delay_ms=delay)
+        return "retried" if await env.driver.nack(job.id, opts) else _lost(job, "retry")
+    return await _bury(env, job, retry, info)
+
+
+async def _bury(env: AttemptEnv, job: ClaimedJob, retry: Retry, info: ErrorInfo) -> Outcome:
+    if retry.dead_letter:
+        opts = NackOptions(job.fence, error=info, dead_letter=True)
+        return "dead-lettered" if await env.driver.nack(job.id, opts) else _lost(job, "dead")
+    opts = NackOptions(job.fence, error=info, fail=True)
+    return "dropped" if await env.driver.nack(job.id, opts) else _lost(job, "drop")
+
+
+async def _unwind(
+    env: AttemptEnv, job: ClaimedJob, handle: JobHandle[Any, Any], runner: StepRunner
+) -> Outcome:
+    try:
+        await runner.compensate_all()
+    except Exception as exc:
+        info = error_info(exc)
+        if job.attempt < job.max_attempts:
+            opts = NackOptions(job.fence, error=info, delay_ms=handle.retry.delay_after_ms(1))
+            return "retried" if await env.driver.nack(job.id, opts) else _lost(job, "unwind")
+        failed = CompensationFailedError(
+            f"a compensator of {job.name} kept failing: {info.message}", job=job.name
+        )
+        final = ErrorInfo(failed.message, failed.code, info.stack)
+        opts = NackOptions(job.fence, error=final, dead_letter=True)
+        return "dead-lettered" if await env.driver.nack(job.id, opts) else _lost(job, "unwind")
+    return await _bury(env, job, handle.retry, runner.unwind_error())
+
+
+def _lost(job: ClaimedJob, during: str) -> Outcome:
+    _log.warning(
+        "jobs.settle.fenced",
+        extra={
+            "event": "jobs.settle.fenced",
+            "job": job.name,
+            "job_id": str(job.id),
+            "claim": job.claim,
+            "during": during,
+        },
+    )
+    return "lost"
+
+
+async def run_inline(handle: JobHandle[Any, Any], input: Any, driver: JobDriver) -> Any:
+    """Run ``handle``'s body through the step runner with no row (``JobHandle.run_inline``).
+
+    Sleeps and waits are waited out in real time and the body replays; errors propagate.
+    """
+    value = handle.parse_input(input)
+    tenant = handle.tenant_of(value)
+    run_id = new_id()
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="jobs-inline") as pool:
+        env = AttemptEnv(driver, handle.registry, _clock_of(driver), pool, pool, 30_000)
+        attempt_no = 1
+        while True:
+            cancel = CancelSignal()
+            runner = StepRunner(
+                store=driver.steps,
+                job_id=None,
+                fence=None,
+                run_id=run_id,
+                records=await driver.steps.load(run_id),
+                cancel=cancel,
+                clock=env.clock,
+                executor=pool,
+                events=env.events,
+                step_timeout_ms=handle.step_timeout_ms,
+                event_poll_ms=handle.event_poll_ms,
+                compensates=handle.compensates,
+            )
+            ctx = JobContext(
+                job_id=None,
+                run_id=run_id,
+                name=handle.name,
+                queue=handle.queue,
+                attempt=attempt_no,
+                final_attempt=True,
+                tenant_id=tenant,
+                cancel=cancel,
+                log=logging.LoggerAdapter(
+                    logging.getLogger(f"jobs.job.{handle.name}"), {"run_id": str(run_id)}
+                ),
+            )
+            try:
+                return await call_body(env, handle, value, runner, ctx, tenant, handle.timeout_ms)
+            except StepSuspended as suspended:
+                now = await driver.steps.now()
+                await asyncio.sleep(max(0.0, (suspended.wake_at - now).total_seconds()))
+
+
+def _clock_of(driver: JobDriver) -> Clock:
+    clock = getattr(driver, "clock", None)
+    return clock if isinstance(clock, Clock) else SYSTEM_CLOCK

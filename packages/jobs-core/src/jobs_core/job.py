@@ -1,0 +1,729 @@
+"""Declaring jobs: :func:`job` and the handle it answers.
+
+Every declaration problem is raised at declaration (import time), all at once, so a bad job never
+reaches a worker. The handle enqueues through the installed driver with the idempotency and
+tenant rules of ``10-core.md`` §1 applied before anything is written.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, Literal, TypeVar, cast
+from uuid import UUID
+
+from pydantic import TypeAdapter, ValidationError
+
+from jobs_core._current import current_driver, run_sync
+from jobs_core._durations import Duration, duration_problem, parse_duration
+from jobs_core.errors import (
+    EnqueueBatchTooLargeError,
+    IdempotencyRequiredError,
+    JobDeclarationInvalidError,
+    JobDuplicateError,
+    JobInputInvalidError,
+    JobOptionsInvalidError,
+    TenantMismatchError,
+    TenantRequiredError,
+)
+from jobs_core.ids import new_id
+from jobs_core.limits import Concurrency
+from jobs_core.retry import Retry
+from jobs_core.serialization import NotJSONError, to_json_form
+from jobs_core.tenancy import Actor, crossing_reason, current_actor
+from jobs_core.types import (
+    MAX_ENQUEUE_BATCH,
+    UNWIND_MARGIN,
+    EnqueueRequest,
+    EnqueueResult,
+    JSONValue,
+    OnConflict,
+)
+
+I = TypeVar("I")  # noqa: E741 - the input type, named as in the spec's tables
+R = TypeVar("R")
+
+RESERVED_STEP_NAMES = frozenset({"unwinding"})
+"""Step names a body may not use (``compensate:*`` is reserved too)."""
+
+_MISSING: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What an ``on_settled`` hook is told, once per ending.
+
+    Attributes:
+        job_id: the row's id.
+        run_id: the run's id.
+        name: the job name.
+        outcome: ``completed``, ``dead-lettered``, ``dropped`` or ``refused``.
+        input: the parsed input, or ``None`` when it did not parse.
+        result: the body's return value (``completed`` only).
+        error: the failure's message (other outcomes).
+        code: the failure's ``X_…`` code, if any.
+    """
+
+    job_id: UUID
+    run_id: UUID
+    name: str
+    outcome: Literal["completed", "dead-lettered", "dropped", "refused"]
+    input: Any
+    result: Any = None
+    error: str | None = None
+    code: str | None = None
+
+
+class JobRegistry:
+    """The jobs this process knows, by durable name."""
+
+    def __init__(self) -> None:
+        """Create an empty registry."""
+        self._jobs: dict[str, JobHandle[Any, Any]] = {}
+
+    def register(self, handle: JobHandle[Any, Any]) -> None:
+        """Add ``handle``.
+
+        Re-declaring the same function (same module, qualified name, file and line, as a module
+        reload does) replaces the old handle.
+
+        Raises:
+            JobDuplicateError: ``X_JOB_DUPLICATE`` when another declaration holds the name.
+        """
+        existing = self._jobs.get(handle.name)
+        if existing is not None and _origin(existing.body) != _origin(handle.body):
+            raise JobDuplicateError(
+                f"two jobs are named {handle.name!r}: {_origin(existing.body)[0]} and "
+                f"{_origin(handle.body)[0]}; give one of them another name=",
+                name=handle.name,
+            )
+        self._jobs[handle.name] = handle
+
+    def unregister(self, name: str) -> None:
+        """Forget the job named ``name`` (no-op if unknown)."""
+        self._jobs.pop(name, None)
+
+    def get(self, name: str) -> JobHandle[Any, Any] | None:
+        """Answer the job named ``name``, or ``None``."""
+        return self._jobs.get(name)
+
+    def all(self) -> list[JobHandle[Any, Any]]:
+        """Answer every job, sorted by name."""
+        return [self._jobs[name] for name in sorted(self._jobs)]
+
+
+REGISTRY = JobRegistry()
+"""The process-wide registry every :func:`job` declaration joins."""
+
+
+def _origin(fn: Callable[..., Any]) -> tuple[str, str, int]:
+    code = getattr(fn, "__code__", None)
+    where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+    return (where, code.co_filename if code else "", code.co_firstlineno if code else 0)
+
+
+class JobHandle(Generic[I, R]):
+    """A declared job: call it like its body, enqueue it, describe it.
+
+    Built by :func:`job`; the attributes mirror the declaration (durations in milliseconds).
+    """
+
+    def __init__(
+        self,
+        body: Callable[..., Any],
+        *,
+        name: str,
+        queue: str,
+        input_type: Any,
+        idempotency_key: Callable[[I], str],
+        tenant: Callable[[I], str] | Literal["none"],
+        retry: Retry,
+        concurrency: int | Concurrency | None,
+        timeout_ms: int | None,
+        step_timeout_ms: int | None,
+        event_poll_ms: int | None,
+        compensates: bool,
+        on_settled: Callable[[Settled], Any] | None,
+        on_settled_timeout_ms: int,
+        registry: JobRegistry,
+    ) -> None:
+        """Hold a validated declaration (use :func:`job`, which validates)."""
+        self.body = body
+        self.name = name
+        self.queue = queue
+        self.input_type = input_type
+        self.adapter: TypeAdapter[I] = TypeAdapter(input_type)
+        self.idempotency_key = idempotency_key
+        self.tenant = tenant
+        self.retry = retry
+        self.concurrency = concurrency
+        self.timeout_ms = timeout_ms
+        self.step_timeout_ms = step_timeout_ms
+        self.event_poll_ms = event_poll_ms
+        self.compensates = compensates
+        self.on_settled = on_settled
+        self.on_settled_timeout_ms = on_settled_timeout_ms
+        self.is_async = inspect.iscoroutinefunction(body)
+        self.registry = registry
+        functools.update_wrapper(self, body)
+
+    def __call__(self, input: I, step: Any, ctx: Any) -> Any:
+        """Call the body directly (no step persistence; prefer :meth:`run_inline` in tests)."""
+        return self.body(input, step, ctx)
+
+    def __repr__(self) -> str:
+        """Show the job's name and queue."""
+        return f"<job {self.name} queue={self.queue}>"
+
+    @property
+    def max_attempts(self) -> int:
+        """Attempts a row of this job may use: ``retry.attempts`` (+2 when it compensates)."""
+        return self.retry.attempts + (UNWIND_MARGIN if self.compensates else 0)
+
+    def parse_input(self, value: JSONValue) -> I:
+        """Validate a stored or given input into the declared type.
+
+        Raises:
+            JobInputInvalidError: ``X_JOB_INPUT_INVALID`` with the validation issues (never the
+                payload) in ``meta["issues"]``.
+        """
+        try:
+            return self.adapter.validate_python(value)
+        except ValidationError as exc:
+            issues = exc.errors(include_url=False, include_input=False, include_context=False)
+            raise JobInputInvalidError(
+                f"input of {self.name} does not validate: {_issue_text(issues)}",
+                job=self.name,
+                issues=[{"loc": list(i["loc"]), "msg": i["msg"]} for i in issues],
+            ) from None
+
+    def tenant_of(self, input: I) -> str | None:
+        """Answer the tenant ``input`` belongs to (``None`` for ``tenant="none"``).
+
+        Raises:
+            TenantRequiredError: ``X_JOB_TENANT_REQUIRED`` when the function answers nothing.
+        """
+        if self.tenant == "none":
+            return None
+        value = self.tenant(input)
+        if value is None or str(value) == "":
+            raise TenantRequiredError(f"tenant(input) of {self.name} answered an empty tenant")
+        return str(value)
+
+    def build_request(
+        self,
+        input: I | JSONValue,
+        *,
+        run_at: datetime | None = None,
+        delay: Duration | None = None,
+        queue: str | None = None,
+        tenant_id: str | None = None,
+        run_id: UUID | None = None,
+        actor: Actor | None = None,
+        job_id: UUID | None = None,
+    ) -> EnqueueRequest:
+        """Validate one enqueue and answer the request a driver receives; writes nothing.
+
+        Args:
+            input: the input (an instance of the declared type or anything it validates from).
+            run_at: run no earlier than this aware instant (past instants run now).
+            delay: run no earlier than now plus this (``>= 0``); exclusive with ``run_at``.
+            queue: override the declared queue.
+            tenant_id: state the tenant explicitly (must agree with ``tenant(input)``).
+            run_id: name the run instead of minting one.
+            actor: the actor of :meth:`enqueue_as`.
+            job_id: the job id to use (the outbox allocates it at stage time).
+
+        Raises:
+            JobInputInvalidError: ``X_JOB_INPUT_INVALID``.
+            IdempotencyRequiredError: ``X_IDEMPOTENCY_REQUIRED`` for an empty key.
+            TenantMismatchError: ``X_JOB_TENANT_MISMATCH``.
+            JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` naming the bad option.
+        """
+        parsed = self.parse_input(input)
+        try:
+            stored = to_json_form(self.adapter.dump_python(parsed, mode="json"))
+        except NotJSONError as exc:
+            raise JobInputInvalidError(
+                f"input of {self.name} has no JSON form at {exc.path}: {exc.reason}",
+                job=self.name,
+                path=exc.path,
+            ) from None
+        key = self.idempotency_key(parsed)
+        if not isinstance(key, str) or not key:
+            raise IdempotencyRequiredError(
+                f"idempotency_key(input) of {self.name} answered {key!r}; "
+                "it must be non-empty text",
+                job=self.name,
+            )
+        declared = self.tenant_of(parsed)
+        row_tenant = self._check_tenant(declared, tenant_id, actor)
+        ambient = current_actor()
+        enqueued_by = actor.id if actor is not None else (ambient.id if ambient else None)
+        delay_ms, run_at = _timing(run_at, delay)
+        target_queue = self.queue if queue is None else queue
+        if not isinstance(target_queue, str) or not target_queue:
+            raise JobOptionsInvalidError("queue: must be non-empty text", option="queue")
+        if run_id is not None and not isinstance(run_id, UUID):
+            raise JobOptionsInvalidError("run_id: must be a UUID", option="run_id")
+        return EnqueueRequest(
+            name=self.name,
+            queue=target_queue,
+            input=stored,
+            idempotency_key=key,
+            tenant_id=row_tenant,
+            max_attempts=self.max_attempts,
+            id=job_id or new_id(),
+            run_id=run_id or new_id(),
+            run_at=run_at,
+            delay_ms=delay_ms,
+            enqueued_by=enqueued_by,
+        )
+
+    def _check_tenant(
+        self, declared: str | None, explicit: str | None, actor: Actor | None
+    ) -> str | None:
+        if explicit is not None and (not isinstance(explicit, str) or not explicit):
+            raise JobOptionsInvalidError("tenant_id: must be non-empty text", option="tenant_id")
+        as_org = actor.org_id if actor is not None else None
+        if declared is None:
+            return explicit or as_org
+        if explicit is not None and explicit != declared:
+            raise TenantMismatchError(
+                f"{self.name}: tenant_id={explicit!r} but the input belongs to {declared!r}",
+                job=self.name,
+                form="explicit",
+            )
+        if as_org is not None and as_org != declared:
+            raise TenantMismatchError(
+                f"{self.name}: enqueue_as an actor of {as_org!r} but the input belongs to "
+                f"{declared!r}",
+                job=self.name,
+                form="enqueue_as",
+            )
+        ambient = current_actor()
+        if (
+            actor is None
+            and ambient is not None
+            and ambient.org_id is not None
+            and ambient.org_id != declared
+            and crossing_reason() is None
+        ):
+            raise TenantMismatchError(
+                f"{self.name}: the ambient actor acts for {ambient.org_id!r} but the input "
+                f"belongs to {declared!r}; wrap a deliberate crossing in cross_tenant('why')",
+                job=self.name,
+                form="ambient",
+            )
+        return declared
+
+    async def enqueue(
+        self,
+        input: I | JSONValue,
+        *,
+        run_at: datetime | None = None,
+        delay: Duration | None = None,
+        queue: str | None = None,
+        tenant_id: str | None = None,
+        run_id: UUID | None = None,
+        on_conflict: OnConflict = "dedupe",
+    ) -> EnqueueResult:
+        """Queue one run of this job on the installed driver.
+
+        Args:
+            input: the input (validated against the declared type).
+            run_at: run no earlier than this aware instant (past instants run now).
+            delay: run no earlier than now plus this (``"30s"``, ``timedelta``, int ms; ``>= 0``).
+            queue: override the declared queue.
+            tenant_id: state the tenant explicitly (must agree with ``tenant(input)``).
+            run_id: name the run instead of minting one.
+            on_conflict: ``"dedupe"`` answers a live row's ids with ``deduped=True``; ``"error"``
+                raises instead.
+
+        Returns:
+            ``EnqueueResult(id, run_id, deduped)``.
+
+        Raises:
+            JobInputInvalidError: ``X_JOB_INPUT_INVALID``.
+            IdempotencyRequiredError: ``X_IDEMPOTENCY_REQUIRED``.
+            TenantMismatchError: ``X_JOB_TENANT_MISMATCH`` (nothing written).
+            JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID``.
+            JobDuplicateError: ``X_JOB_DUPLICATE`` under ``on_conflict="error"``.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` (nothing queued).
+        """
+        return await self._enqueue_one(
+            input,
+            on_conflict,
+            run_at=run_at,
+            delay=delay,
+            queue=queue,
+            tenant_id=tenant_id,
+            run_id=run_id,
+        )
+
+    async def enqueue_as(
+        self,
+        actor: Actor,
+        input: I | JSONValue,
+        *,
+        run_at: datetime | None = None,
+        delay: Duration | None = None,
+        queue: str | None = None,
+        run_id: UUID | None = None,
+        on_conflict: OnConflict = "dedupe",
+    ) -> EnqueueResult:
+        """Queue on behalf of ``actor``: tenant from ``actor.org_id``, ``enqueued_by`` its id.
+
+        Attribution only: the body runs with the job's declared tenant, not the actor's rights.
+        Same arguments, answer and errors as :meth:`enqueue`.
+        """
+        return await self._enqueue_one(
+            input,
+            on_conflict,
+            run_at=run_at,
+            delay=delay,
+            queue=queue,
+            run_id=run_id,
+            actor=actor,
+        )
+
+    def enqueue_sync(
+        self,
+        input: I | JSONValue,
+        *,
+        run_at: datetime | None = None,
+        delay: Duration | None = None,
+        queue: str | None = None,
+        tenant_id: str | None = None,
+        run_id: UUID | None = None,
+        on_conflict: OnConflict = "dedupe",
+    ) -> EnqueueResult:
+        """:meth:`enqueue` for synchronous code (a sync body, a script, a sync web view).
+
+        Raises:
+            RuntimeError: when called on a thread running an event loop (``await enqueue``).
+            JobsError: as :meth:`enqueue`.
+        """
+        return run_sync(
+            self.enqueue(
+                input,
+                run_at=run_at,
+                delay=delay,
+                queue=queue,
+                tenant_id=tenant_id,
+                run_id=run_id,
+                on_conflict=on_conflict,
+            )
+        )
+
+    async def _enqueue_one(
+        self, input: I | JSONValue, on_conflict: OnConflict, **options: Any
+    ) -> EnqueueResult:
+        if on_conflict not in ("dedupe", "error"):
+            raise JobOptionsInvalidError(
+                f"on_conflict: must be 'dedupe' or 'error', got {on_conflict!r}",
+                option="on_conflict",
+            )
+        req = self.build_request(input, **options)
+        result = await current_driver().enqueue(req)
+        if result.deduped and on_conflict == "error":
+            raise JobDuplicateError(
+                f"{self.name}: a live job already holds key {req.idempotency_key!r}",
+                job=self.name,
+                id=str(result.id),
+                run_id=str(result.run_id),
+            )
+        return result
+
+    async def enqueue_many(
+        self,
+        inputs: Iterable[I | JSONValue],
+        *,
+        run_at: datetime | None = None,
+        delay: Duration | None = None,
+        queue: str | None = None,
+        tenant_id: str | None = None,
+        on_conflict: OnConflict = "dedupe",
+    ) -> list[EnqueueResult]:
+        """Queue many runs of this job: one driver round trip per 1,000 inputs.
+
+        Every input is validated before anything is written, so a bad input fails the whole call
+        and queues nothing. Answers in input order; an input whose key repeats an earlier one in
+        the batch (or a live row) answers that row with ``deduped=True``.
+
+        Raises:
+            EnqueueBatchTooLargeError: ``X_JOB_ENQUEUE_BATCH_TOO_LARGE`` above
+                ``MAX_ENQUEUE_BATCH`` (10,000) inputs or with ``on_conflict="error"``.
+            JobsError: any of :meth:`enqueue`'s validation errors, naming the input's index.
+        """
+        if on_conflict != "dedupe":
+            raise EnqueueBatchTooLargeError(
+                "enqueue_many refuses on_conflict='error': a batch answers live rows as deduped",
+                option="on_conflict",
+            )
+        items: Sequence[Any] = inputs if isinstance(inputs, Sequence) else list(inputs)
+        if len(items) > MAX_ENQUEUE_BATCH:
+            raise EnqueueBatchTooLargeError(
+                f"enqueue_many got {len(items)} inputs; at most {MAX_ENQUEUE_BATCH} per call",
+                count=len(items),
+            )
+        reqs = []
+        for index, item in enumerate(items):
+            try:
+                reqs.append(
+                    self.build_request(
+                        item, run_at=run_at, delay=delay, queue=queue, tenant_id=tenant_id
+                    )
+                )
+            except Exception as exc:
+                if hasattr(exc, "meta"):
+                    exc.meta["index"] = index
+                raise
+        if not reqs:
+            return []
+        return await current_driver().enqueue_many(reqs)
+
+    def describe(self) -> dict[str, Any]:
+        """Answer a JSON-able descriptor of the declaration (for ``jobs manifest``)."""
+        concurrency: Any
+        if isinstance(self.concurrency, Concurrency):
+            concurrency = {
+                "limit": self.concurrency.limit,
+                "per_key": True,
+                "when_busy": self.concurrency.when_busy,
+            }
+        else:
+            concurrency = self.concurrency
+        return {
+            "kind": "job",
+            "name": self.name,
+            "queue": self.queue,
+            "input_schema": self.adapter.json_schema(),
+            "tenant": "none" if self.tenant == "none" else "function",
+            "retry": {
+                "attempts": self.retry.attempts,
+                "backoff": self.retry.backoff,
+                "delay_ms": self.retry.delay_ms,
+                "max_delay_ms": self.retry.max_delay_ms,
+                "jitter": self.retry.jitter,
+                "dead_letter": self.retry.dead_letter,
+            },
+            "max_attempts": self.max_attempts,
+            "concurrency": concurrency,
+            "timeout_ms": self.timeout_ms,
+            "step_timeout_ms": self.step_timeout_ms,
+            "event_poll_ms": self.event_poll_ms,
+            "compensates": self.compensates,
+            "on_settled": self.on_settled is not None,
+            "sync_body": not self.is_async,
+        }
+
+    async def run_inline(self, input: I | JSONValue) -> R:
+        """Run the body through the real step runner on the installed driver (tests only).
+
+        Steps persist in the driver's step store under a fresh run id; sleeps and event waits are
+        waited out in real time and the body replays, as a worker would. Errors propagate
+        (no retries, no compensation).
+        """
+        from jobs_core.execute import run_inline
+
+        return cast(R, await run_inline(self, input, current_driver()))
+
+
+def _issue_text(issues: Sequence[Any]) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in issue['loc']) or '(root)'}: {issue['msg']}" for issue in issues
+    )
+
+
+def _timing(run_at: datetime | None, delay: Duration | None) -> tuple[int, datetime | None]:
+    if run_at is not None and delay is not None:
+        raise JobOptionsInvalidError("run_at and delay are exclusive: pass one", option="run_at")
+    if run_at is not None:
+        if not isinstance(run_at, datetime) or run_at.tzinfo is None:
+            raise JobOptionsInvalidError(
+                "run_at: must be an aware datetime (e.g. datetime.now(UTC) + timedelta(hours=1))",
+                option="run_at",
+            )
+        return 0, run_at
+    if delay is None:
+        return 0, None
+    try:
+        return parse_duration(delay, field="delay", allow_zero=True), None
+    except ValueError as exc:
+        raise JobOptionsInvalidError(str(exc), option="delay") from None
+
+
+def _duration_field(
+    problems: list[str], name: str, value: Duration | None, default: int | None = None
+) -> int | None:
+    if value is None:
+        return default
+    problem = duration_problem(value)
+    if problem is not None:
+        problems.append(f"{name}: {problem}")
+        return default
+    return parse_duration(value, field=name)
+
+
+def _body_problem(body: Any) -> str | None:
+    if not callable(body):
+        return "body: must be a function (input, step, ctx)"
+    try:
+        inspect.signature(body).bind(None, None, None)
+    except TypeError:
+        return "body: must accept three positional arguments (input, step, ctx)"
+    except ValueError:
+        return None
+    return None
+
+
+def job(
+    *,
+    input: Any = _MISSING,
+    idempotency_key: Callable[[Any], str] | None = None,
+    tenant: Callable[[Any], str] | Literal["none"] | None = None,
+    retry: Retry | None = None,
+    name: str | None = None,
+    queue: str = "default",
+    concurrency: int | Concurrency | None = None,
+    timeout: Duration | None = None,
+    step_timeout: Duration | None = None,
+    event_poll: Duration | None = None,
+    compensates: bool = False,
+    on_settled: Callable[[Settled], Any] | None = None,
+    on_settled_timeout: Duration = "30s",
+    registry: JobRegistry | None = None,
+) -> Callable[[Callable[..., Awaitable[R]] | Callable[..., R]], JobHandle[Any, R]]:
+    """Declare a job; decorate ``async def body(input, step, ctx)`` (or a plain ``def``).
+
+    Args:
+        input: the input type: a pydantic model or anything ``TypeAdapter`` accepts.
+        idempotency_key: **required**, ``(input) -> str`` (non-empty): one live row per key.
+        tenant: **required**, ``(input) -> str`` naming the org, or ``"none"``.
+        retry: the :class:`~jobs_core.retry.Retry` policy (default 3 attempts, exponential).
+        name: the durable name rows carry (default ``f"{module}.{qualname}"``).
+        queue: the queue (default ``"default"``).
+        concurrency: fleet-wide cap: an ``int >= 1`` or a :class:`~jobs_core.limits.Concurrency`.
+        timeout: whole-attempt deadline.
+        step_timeout: ceiling for one ``step.run``.
+        event_poll: how long a waiting step parks between checks (default 30 s, or 15 min on a
+            bus that wakes waiters).
+        compensates: allow ``step.run(..., compensate=fn)``; rows get 2 extra attempts to unwind.
+        on_settled: hook told once per ending.
+        on_settled_timeout: ceiling across the hook's tries (default 30 s).
+        registry: the registry to join (default :data:`REGISTRY`).
+
+    Returns:
+        A decorator answering the :class:`JobHandle`.
+
+    Raises:
+        IdempotencyRequiredError: ``X_IDEMPOTENCY_REQUIRED`` when ``idempotency_key`` is missing.
+        TenantRequiredError: ``X_JOB_TENANT_REQUIRED`` when ``tenant`` is missing.
+        JobDeclarationInvalidError: ``X_JOB_DECLARATION_INVALID`` for any other bad field. Each
+            names every problem at once in its message and ``meta["problems"]``.
+        JobDuplicateError: ``X_JOB_DUPLICATE`` when another declaration holds the name.
+    """
+
+    def decorate(body: Callable[..., Any]) -> JobHandle[Any, R]:
+        problems: list[str] = []
+        missing_key = idempotency_key is None
+        missing_tenant = tenant is None
+        if input is _MISSING:
+            problems.append("input: required (a pydantic model or a type TypeAdapter accepts)")
+        else:
+            try:
+                TypeAdapter(input)
+            except Exception as exc:
+                problems.append(f"input: {input!r} is not a type pydantic can validate ({exc})")
+        if missing_key:
+            problems.append("idempotency_key: required, a function (input) -> non-empty str")
+        elif not callable(idempotency_key):
+            problems.append("idempotency_key: must be a function (input) -> str")
+        if missing_tenant:
+            problems.append('tenant: required, a function (input) -> org id, or "none"')
+        elif tenant != "none" and not callable(tenant):
+            problems.append('tenant: must be a function (input) -> str or the literal "none"')
+        policy = Retry() if retry is None else retry
+        if not isinstance(policy, Retry):
+            problems.append(f"retry: must be a Retry(...), got {type(policy).__name__}")
+            policy = Retry()
+        else:
+            problems.extend(policy.problems())
+        job_name = name if name is not None else _default_name(body)
+        if not isinstance(job_name, str) or not job_name.strip():
+            problems.append("name: must be non-empty text")
+        if not isinstance(queue, str) or not queue.strip():
+            problems.append("queue: must be non-empty text")
+        if isinstance(concurrency, Concurrency):
+            problems.extend(concurrency.problems())
+        elif concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            problems.append(
+                f"concurrency: must be an int >= 1 or Concurrency(...), got {concurrency!r}"
+            )
+        timeout_ms = _duration_field(problems, "timeout", timeout)
+        step_timeout_ms = _duration_field(problems, "step_timeout", step_timeout)
+        event_poll_ms = _duration_field(problems, "event_poll", event_poll)
+        settled_timeout_ms = _duration_field(problems, "on_settled_timeout", on_settled_timeout)
+        if not isinstance(compensates, bool):
+            problems.append(f"compensates: must be True or False, got {compensates!r}")
+        if on_settled is not None and not callable(on_settled):
+            problems.append("on_settled: must be a function (settled) -> None")
+        body_problem = _body_problem(body)
+        if body_problem is not None:
+            problems.append(body_problem)
+        if problems:
+            error_type: type[
+                JobDeclarationInvalidError | IdempotencyRequiredError | TenantRequiredError
+            ]
+            if missing_key:
+                error_type = IdempotencyRequiredError
+            elif missing_tenant:
+                error_type = TenantRequiredError
+            else:
+                error_type = JobDeclarationInvalidError
+            raise error_type(
+                f"job {job_name!r} is declared wrong: " + "; ".join(problems),
+                job=job_name,
+                problems=problems,
+            )
+        handle: JobHandle[Any, R] = JobHandle(
+            body,
+            name=job_name,
+            queue=queue,
+            input_type=input,
+            idempotency_key=cast(Callable[[Any], str], idempotency_key),
+            tenant=cast(Callable[[Any], str] | Literal["none"], tenant),
+            retry=policy,
+            concurrency=concurrency,
+            timeout_ms=timeout_ms,
+            step_timeout_ms=step_timeout_ms,
+            event_poll_ms=event_poll_ms,
+            compensates=compensates,
+            on_settled=on_settled,
+            on_settled_timeout_ms=settled_timeout_ms or 30_000,
+            registry=registry or REGISTRY,
+        )
+        handle.registry.register(handle)
+        return handle
+
+    return decorate
+
+
+def _default_name(body: Callable[..., Any]) -> str:
+    return f"{getattr(body, '__module__', 'main')}.{getattr(body, '__qualname__', 'job')}"
+
+
+__all__ = [
+    "REGISTRY",
+    "RESERVED_STEP_NAMES",
+    "JobHandle",
+    "JobRegistry",
+    "Settled",
+    "job",
+]

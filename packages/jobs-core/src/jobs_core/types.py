@@ -1,0 +1,458 @@
+"""Record types shared by the runtime and every driver.
+
+These are the nouns of the driver protocol (:mod:`jobs_core.driver`): what an enqueue asks for,
+what a claim hands out, how a settle is fenced, what a step record holds. They are frozen
+dataclasses so that adding a field with a default never breaks a third-party driver.
+
+Times are aware UTC :class:`~datetime.datetime`; durations are ``int`` milliseconds (suffix
+``_ms``); JSON values are what :func:`json.dumps` accepts without a ``default``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal, TypeAlias
+from uuid import UUID
+
+JSONValue: TypeAlias = Any
+"""A value made only of ``dict[str, …]``, ``list``, ``str``, ``int``, ``float``, ``bool`` and
+``None`` (the JSON form). ``Any`` because recursive aliases do not narrow usefully."""
+
+
+class JobState(StrEnum):
+    """The states a job row can be in.
+
+    LIVE rows (``ready``, ``delayed``, ``running``, ``suspended``) hold their idempotency key;
+    finished rows (``done``, ``failed``, ``dead``, ``cancelled``) do not.
+    """
+
+    READY = "ready"
+    DELAYED = "delayed"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    DONE = "done"
+    FAILED = "failed"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+LIVE_STATES: frozenset[JobState] = frozenset(
+    {JobState.READY, JobState.DELAYED, JobState.RUNNING, JobState.SUSPENDED}
+)
+"""States that hold a live idempotency key and can still run."""
+
+REQUEUEABLE_STATES: frozenset[JobState] = frozenset(
+    {JobState.DEAD, JobState.CANCELLED, JobState.DONE, JobState.FAILED}
+)
+"""Finished states an operator may requeue."""
+
+LEASE_LAPSED_FINAL_ATTEMPT = "LEASE_LAPSED_FINAL_ATTEMPT"
+"""The fixed ``last_error`` of a row buried because its lease lapsed on its final attempt."""
+
+OnConflict = Literal["dedupe", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueRequest:
+    """One job to queue, in the form every driver accepts.
+
+    Attributes:
+        name: the job's durable name.
+        queue: the queue it runs on.
+        input: the input's JSON form.
+        idempotency_key: non-empty; one LIVE row per ``(name, tenant_id or '', key)``.
+        tenant_id: the org the row belongs to, or ``None`` for ``tenant="none"`` jobs.
+        max_attempts: attempts the row may use (the job's ``retry.attempts`` plus
+            ``UNWIND_MARGIN`` for compensating jobs).
+        id: an explicit job id; if a row with it exists (live or finished) nothing is inserted and
+            that row is answered.
+        run_id: an explicit run id (a new one is minted otherwise).
+        run_at: the earliest instant the row may run (UTC); ``None`` with ``delay_ms`` 0 is now.
+        delay_ms: run no earlier than the driver's now plus this many milliseconds (``>= 0``);
+            used when ``run_at`` is ``None`` so the backend's own clock decides.
+        traceparent: the W3C trace context of the enqueuing span, if any.
+        enqueued_by: the actor id that asked for the work (attribution only).
+    """
+
+    name: str
+    queue: str
+    input: JSONValue
+    idempotency_key: str
+    tenant_id: str | None
+    max_attempts: int
+    id: UUID
+    run_id: UUID
+    run_at: datetime | None = None
+    delay_ms: int = 0
+    traceparent: str | None = None
+    enqueued_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """What an enqueue answers.
+
+    Attributes:
+        id: the job id (known before commit on every path).
+        run_id: the run id, stable across attempts and suspensions.
+        deduped: ``True`` when an existing row was answered instead of inserting one.
+    """
+
+    id: UUID
+    run_id: UUID
+    deduped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BuriedJob:
+    """A row the claim buried because its lease lapsed on its final attempt.
+
+    Attributes:
+        id: the job id.
+        name: the job name.
+        queue: its queue.
+        state: ``dead`` (dead-lettered) or ``failed`` (its name was in ``drop_exhausted``).
+    """
+
+    id: UUID
+    name: str
+    queue: str
+    state: JobState
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """Parameters of one claim.
+
+    Attributes:
+        queues: the queues to claim from; an empty sequence is refused
+            (``X_DRIVER_REQUEST_INVALID``).
+        limit: the most rows to hand out (``>= 1``).
+        visibility_timeout_ms: the lease each claimed row gets.
+        worker_id: the claimant's unique incarnation id (fences later settles).
+        drop_exhausted: job names whose rows, buried for a lapsed final attempt, settle ``failed``
+            instead of ``dead`` (their ``Retry(dead_letter=False)``).
+        on_exhausted: told about every row this claim buried.
+    """
+
+    queues: Sequence[str]
+    limit: int
+    visibility_timeout_ms: int
+    worker_id: str
+    drop_exhausted: frozenset[str] = frozenset()
+    on_exhausted: Callable[[BuriedJob], None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A row handed to one claimant under a lease.
+
+    Attributes:
+        id: the job id.
+        run_id: the run id.
+        name: the job name.
+        queue: the queue.
+        input: the stored JSON form of the input.
+        attempt: this attempt's number (1-based; suspensions and interrupted attempts do not
+            advance it, a lapsed lease does).
+        max_attempts: the row's attempt budget.
+        claim: the row's claim ordinal after this claim; settles are fenced on it.
+        worker_id: the claimant.
+        tenant_id: the row's tenant.
+        idempotency_key: the row's key.
+        traceparent: the enqueuing span's trace context.
+        enqueued_by: the actor that asked for the work.
+        created_at: when the row was first queued (UTC).
+    """
+
+    id: UUID
+    run_id: UUID
+    name: str
+    queue: str
+    input: JSONValue
+    attempt: int
+    max_attempts: int
+    claim: int
+    worker_id: str
+    tenant_id: str | None
+    idempotency_key: str
+    traceparent: str | None
+    enqueued_by: str | None
+    created_at: datetime
+
+    @property
+    def fence(self) -> Fence:
+        """The claim identity every settle and step write of this attempt is fenced on."""
+        return Fence(self.worker_id, self.claim)
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A claim identity: a settle lands only while the row is ``running`` under it.
+
+    Attributes:
+        worker_id: the claimant's incarnation id.
+        claim: the claim ordinal it was handed.
+    """
+
+    worker_id: str
+    claim: int
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """A failure as stored on a row: a summary, never the live exception.
+
+    Attributes:
+        message: ``str(error)``, truncated to 2,000 characters.
+        code: the ``X_…`` code if the error carried one.
+        stack: the formatted traceback, truncated to 8,000 characters.
+    """
+
+    message: str
+    code: str | None = None
+    stack: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """Parameters of an ack (the row ends ``done``).
+
+    Attributes:
+        fence: the claim identity the ack is fenced on.
+        result: the body's return value in JSON form (kept for ``introspect.get``).
+        duration_ms: how long the attempt ran, for counters.
+    """
+
+    fence: Fence
+    result: JSONValue = None
+    duration_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NackOptions:
+    """Parameters of a nack; the target state is :func:`nack_state` of these.
+
+    Attributes:
+        fence: the claim identity the nack is fenced on.
+        error: why, as stored on the row (``None`` for a park or a hand-back).
+        delay_ms: when ``ready``/``delayed``/``suspended``: run again no sooner than this.
+        dead_letter: settle ``dead`` now.
+        fail: settle ``failed`` now (``dead_letter`` wins if both are set).
+        park: settle ``suspended`` (a sleep or a wait); never counts an attempt.
+        count_attempt: whether this attempt is spent (``False`` for suspensions, drain
+            interruptions and in-process limit hand-backs).
+    """
+
+    fence: Fence
+    error: ErrorInfo | None = None
+    delay_ms: int = 0
+    dead_letter: bool = False
+    fail: bool = False
+    park: bool = False
+    count_attempt: bool = True
+
+
+def nack_state(opts: NackOptions) -> JobState:
+    """Answer the state a nack settles a row in; every driver uses this one function.
+
+    Precedence: ``dead`` (``dead_letter``) > ``failed`` (``fail``) > ``suspended`` (``park``) >
+    ``delayed`` (``delay_ms > 0``) > ``ready``.
+    """
+    if opts.dead_letter:
+        return JobState.DEAD
+    if opts.fail:
+        return JobState.FAILED
+    if opts.park:
+        return JobState.SUSPENDED
+    if opts.delay_ms > 0:
+        return JobState.DELAYED
+    return JobState.READY
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Counts for one queue, by effective state at the driver's now.
+
+    ``ready`` counts rows in ``ready``/``delayed`` whose ``run_at`` has passed; ``delayed`` those
+    still in the future; ``oldest_ready_ms`` is how long the oldest due row has waited (0 if none).
+    """
+
+    queue: str
+    ready: int = 0
+    delayed: int = 0
+    running: int = 0
+    suspended: int = 0
+    done: int = 0
+    failed: int = 0
+    dead: int = 0
+    cancelled: int = 0
+    oldest_ready_ms: int = 0
+
+
+StepStatus = Literal["started", "completed", "waiting", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One persisted step of a run.
+
+    Attributes:
+        name: the step name (the replay key).
+        status: ``started`` (a ``once`` step before its function returned), ``completed``,
+            ``waiting`` (a sleep or event wait), ``failed`` (its function raised; it runs again).
+        output: the JSON form of the function's result (``completed`` only).
+        seq: the order the step was first written in within the run (0-based).
+        started_at: when it was first written.
+        completed_at: when it completed.
+        wake_at: a waiting step's deadline (sleep end or wait timeout).
+        event: a waiting step's event name.
+        match: a waiting step's payload filter (top-level key equality).
+        attempts: how many times the function ran and raised.
+        error: the last failure's summary.
+        once: whether it is an at-most-once step.
+    """
+
+    name: str
+    status: StepStatus
+    output: JSONValue = None
+    seq: int = 0
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    wake_at: datetime | None = None
+    event: str | None = None
+    match: Mapping[str, JSONValue] | None = None
+    attempts: int = 0
+    error: str | None = None
+    once: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StepWrite:
+    """One fenced step write.
+
+    Attributes:
+        job_id: the row whose claim fences the write (``None`` for ``run_inline``).
+        fence: the claim identity (``None`` for ``run_inline``).
+        run_id: the run the step belongs to.
+        record: the record to store (replaces any record of the same name).
+    """
+
+    job_id: UUID | None
+    fence: Fence | None
+    run_id: UUID
+    record: StepRecord
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """One job as the operator surface shows it (``introspect.get``/``list``).
+
+    ``input`` is the stored JSON form; redaction is applied by :mod:`jobs_core.introspect`.
+    """
+
+    id: UUID
+    run_id: UUID
+    name: str
+    queue: str
+    state: JobState
+    attempt: int
+    max_attempts: int
+    claim: int
+    tenant_id: str | None
+    idempotency_key: str
+    input: JSONValue
+    run_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    claimed_by: str | None = None
+    last_error: str | None = None
+    last_error_code: str | None = None
+    last_error_stack: str | None = None
+    result: JSONValue = None
+    progress: JSONValue = None
+    enqueued_by: str | None = None
+    traceparent: str | None = None
+    steps: tuple[StepRecord, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """A listing filter; every field is optional and they combine with AND.
+
+    Attributes:
+        queue: only this queue.
+        name: only this job name.
+        state: only this state.
+        tenant_id: only this tenant.
+        id_prefix: only ids whose text starts with this.
+        created_from: created at or after (UTC).
+        created_to: created before (UTC).
+        limit: page size (default 100, at most ``MAX_JOB_PAGE`` = 200).
+        after: a cursor from a previous page: older rows than it.
+        before: a cursor from a previous page: newer rows than it.
+    """
+
+    queue: str | None = None
+    name: str | None = None
+    state: JobState | None = None
+    tenant_id: str | None = None
+    id_prefix: str | None = None
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+    limit: int = 100
+    after: str | None = None
+    before: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    """One page of a listing, newest first.
+
+    Attributes:
+        rows: the jobs on this page (without step traces).
+        next: cursor for the page of older rows (pass as ``after``), or ``None`` at the end.
+        prev: cursor for the page of newer rows (pass as ``before``), or ``None`` at the start.
+    """
+
+    rows: tuple[JobInfo, ...]
+    next: str | None
+    prev: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """An event as a bus stores it.
+
+    Attributes:
+        id: the event id.
+        name: the event name.
+        payload: its JSON payload.
+        correlation_key: an optional key waits may filter on.
+        published_at: the bus's own clock at publish (UTC).
+        expires_at: when it stops being matchable.
+    """
+
+    id: UUID
+    name: str
+    payload: JSONValue
+    correlation_key: str | None
+    published_at: datetime
+    expires_at: datetime
+
+
+MAX_JOB_PAGE = 200
+"""The largest page ``introspect.list`` hands out."""
+
+MAX_ENQUEUE_BATCH = 10_000
+"""The most inputs one ``enqueue_many`` call accepts."""
+
+ENQUEUE_CHUNK = 1_000
+"""Rows per round trip in ``enqueue_many``."""
+
+UNWIND_MARGIN = 2
+"""Extra attempts a compensating job's rows carry so that a crash on the final attempt can still
+unwind."""

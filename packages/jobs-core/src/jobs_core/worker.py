@@ -1,0 +1,437 @@
+"""The worker: claims rows, runs attempts, keeps their leases, drains on SIGTERM.
+
+One loop claims: each pass makes ONE claim over every served queue with a free slot (its limit
+the smallest free count, so no queue exceeds its slots), starts an attempt per row, and passes
+again at once while rows come back. A freed slot or a driver wake starts a pass now; an idle pass
+backs off by doubling from ``poll_interval`` to ``idle_poll_max``. One heartbeat task renews
+every held lease each ``heartbeat`` (a third of the visibility timeout by default and at most),
+so a slow body never delays its own renewal (FIELD-FAILURES C05).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from uuid import UUID, uuid4
+
+from jobs_core._current import home_loop, use_driver
+from jobs_core._durations import Duration, parse_duration
+from jobs_core.clock import SYSTEM_CLOCK, Clock
+from jobs_core.driver import JobDriver, capability
+from jobs_core.errors import (
+    ConcurrencyUnenforceableError,
+    DrainingError,
+    JobCancelledError,
+    JobOptionsInvalidError,
+    JobsError,
+    LeaseLostError,
+)
+from jobs_core.execute import Attempt, AttemptEnv, Outcome, execute, hand_back
+from jobs_core.job import REGISTRY, JobRegistry
+from jobs_core.limits import LimitGate, Limits
+from jobs_core.types import BuriedJob, ClaimedJob, ClaimRequest, JobState
+
+_log = logging.getLogger("jobs.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    """A worker's counters.
+
+    Attributes:
+        in_flight: attempts running now.
+        max_in_flight: the most that ran at once.
+        capacity: slots in all.
+        outcomes: attempts by outcome (``completed``, ``retried``, ...).
+        leases_lost: leases lost, by queue.
+    """
+
+    in_flight: int
+    max_in_flight: int
+    capacity: int
+    outcomes: Mapping[str, int]
+    leases_lost: Mapping[str, int]
+
+
+@dataclass(slots=True)
+class _Held:
+    attempt: Attempt
+    task: asyncio.Task[None] | None = None
+    last_landed: float = 0.0
+    settled: bool = False
+
+
+def _ms(value: Duration, name: str) -> int:
+    try:
+        return parse_duration(value, field=name)
+    except ValueError as exc:
+        raise JobOptionsInvalidError(str(exc), option=name) from None
+
+
+class Worker:
+    """Runs the jobs of some queues from one driver.
+
+    Args:
+        driver: where rows come from.
+        queues: the queues served (non-empty).
+        concurrency: slots per queue: one ``int`` for every queue or ``{queue: slots}``.
+        visibility_timeout: the lease each claim buys (``"30s"``).
+        heartbeat: how often leases are renewed; default and maximum a third of the visibility
+            timeout.
+        poll_interval: the first idle back-off (``"250ms"``).
+        idle_poll_max: the longest idle back-off (``"2s"``).
+        limits: in-process :class:`~jobs_core.limits.Limits`.
+        drain_timeout: how long a drain waits for bodies after firing their cancel (``"25s"``).
+        registry: the jobs this worker can run (default: every declared job).
+        clock: the clock (tests pass a controllable one).
+        worker_id: the incarnation id; default ``host:pid:random`` (unique per process start,
+            so a restarted pod never adopts an old incarnation's leases).
+
+    Raises:
+        JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` for a bad option (named).
+    """
+
+    def __init__(
+        self,
+        driver: JobDriver,
+        *,
+        queues: Sequence[str] = ("default",),
+        concurrency: int | Mapping[str, int] = 8,
+        visibility_timeout: Duration = "30s",
+        heartbeat: Duration | None = None,
+        poll_interval: Duration = "250ms",
+        idle_poll_max: Duration = "2s",
+        limits: Limits | None = None,
+        drain_timeout: Duration = "25s",
+        registry: JobRegistry | None = None,
+        clock: Clock | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        """Validate the options; nothing runs until :meth:`run`."""
+        if (
+            isinstance(queues, str)
+            or not queues
+            or not all(isinstance(q, str) and q for q in queues)
+        ):
+            raise JobOptionsInvalidError("queues: a non-empty list of queue names", option="queues")
+        self.driver = driver
+        self.queues = list(dict.fromkeys(queues))
+        self.slots = self._slots(concurrency)
+        self.visibility_timeout_ms = _ms(visibility_timeout, "visibility_timeout")
+        self.heartbeat_ms = (
+            self.visibility_timeout_ms // 3 if heartbeat is None else _ms(heartbeat, "heartbeat")
+        )
+        if self.heartbeat_ms * 3 > self.visibility_timeout_ms or self.heartbeat_ms < 1:
+            raise JobOptionsInvalidError(
+                f"heartbeat: must be at most a third of visibility_timeout "
+                f"({self.visibility_timeout_ms // 3} ms), got {self.heartbeat_ms} ms",
+                option="heartbeat",
+            )
+        self.poll_interval_ms = _ms(poll_interval, "poll_interval")
+        self.idle_poll_max_ms = max(_ms(idle_poll_max, "idle_poll_max"), self.poll_interval_ms)
+        self.drain_timeout_ms = _ms(drain_timeout, "drain_timeout")
+        self.registry = registry or REGISTRY
+        self.clock = clock or getattr(driver, "clock", None) or SYSTEM_CLOCK
+        self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid4().hex[:12]}"
+        self._gate = LimitGate(limits, self.clock) if limits is not None else None
+        self._held: dict[UUID, _Held] = {}
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._drained = asyncio.Event()
+        self._finished = asyncio.Event()
+        self._env: AttemptEnv | None = None
+        self._max_in_flight = 0
+        self._outcomes: Counter[str] = Counter()
+        self._leases_lost: Counter[str] = Counter()
+
+    def _slots(self, concurrency: int | Mapping[str, int]) -> dict[str, int]:
+        if isinstance(concurrency, int) and not isinstance(concurrency, bool):
+            per = dict.fromkeys(self.queues, concurrency)
+        elif isinstance(concurrency, Mapping):
+            per = {q: concurrency.get(q, 0) for q in self.queues}
+        else:
+            raise JobOptionsInvalidError(
+                "concurrency: an int or {queue: slots}", option="concurrency"
+            )
+        bad = [q for q, n in per.items() if not isinstance(n, int) or isinstance(n, bool) or n < 1]
+        if bad:
+            raise JobOptionsInvalidError(
+                f"concurrency: every served queue needs at least 1 slot ({', '.join(bad)})",
+                option="concurrency",
+            )
+        return per
+
+    @property
+    def capacity(self) -> int:
+        """Slots in all."""
+        return sum(self.slots.values())
+
+    def stats(self) -> WorkerStats:
+        """Answer the worker's counters now."""
+        return WorkerStats(
+            in_flight=len(self._held),
+            max_in_flight=self._max_in_flight,
+            capacity=self.capacity,
+            outcomes=dict(self._outcomes),
+            leases_lost=dict(self._leases_lost),
+        )
+
+    def _check_enforceable(self) -> None:
+        served = [
+            h.name
+            for h in self.registry.all()
+            if h.concurrency is not None and h.queue in self.queues
+        ]
+        if served and capability(self.driver, "leases") is None:
+            raise ConcurrencyUnenforceableError(
+                f"jobs {', '.join(served)} declare concurrency but the {self.driver.name} driver "
+                "has no lease store",
+                jobs=served,
+                driver=self.driver.name,
+            )
+
+    def install_signal_handlers(self) -> None:
+        """Drain on SIGTERM and SIGINT (call from the thread running the loop)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_drain)
+
+    def request_drain(self) -> None:
+        """Start a drain from a signal handler or callback; :meth:`run` returns when it ends."""
+        if not self._stopping:
+            asyncio.get_running_loop().create_task(self.drain())
+
+    async def run(self) -> None:
+        """Claim and run jobs until :meth:`stop` or :meth:`drain` finishes.
+
+        Raises:
+            ConcurrencyUnenforceableError: ``X_JOB_CONCURRENCY_UNENFORCEABLE`` when a served job
+                declares ``concurrency`` and the driver has no lease store (nothing is claimed).
+        """
+        self._check_enforceable()
+        loop = asyncio.get_running_loop()
+        body_pool = ThreadPoolExecutor(self.capacity, thread_name_prefix="jobs-body")
+        step_pool = ThreadPoolExecutor(self.capacity + 4, thread_name_prefix="jobs-step")
+        self._env = AttemptEnv(
+            self.driver, self.registry, self.clock, step_pool, body_pool, self.visibility_timeout_ms
+        )
+        unsubscribe = None
+        wake = capability(self.driver, "wake")
+        if wake is not None:
+            unsubscribe = await wake.subscribe(self._on_wake)
+        self._finished.clear()
+        beats = loop.create_task(self._heartbeats())
+        try:
+            await self._claim_loop()
+            if self._env.draining:
+                await self._drained.wait()
+            else:
+                tasks = [h.task for h in self._held.values() if h.task is not None]
+                if tasks:
+                    await asyncio.wait(tasks)
+        finally:
+            beats.cancel()
+            if unsubscribe is not None:
+                await unsubscribe()
+            body_pool.shutdown(wait=False, cancel_futures=True)
+            step_pool.shutdown(wait=False, cancel_futures=True)
+            self._finished.set()
+
+    def _on_wake(self, queue: str) -> None:
+        if queue in self.slots:
+            self._wake.set()
+
+    async def _claim_loop(self) -> None:
+        idle_ms = self.poll_interval_ms
+        drop = frozenset(h.name for h in self.registry.all() if not h.retry.dead_letter)
+        while not self._stopping:
+            self._wake.clear()
+            busy = Counter(h.attempt.job.queue for h in self._held.values())
+            free = {q: self.slots[q] - busy[q] for q in self.queues}
+            selected = [q for q in self.queues if free[q] > 0]
+            claimed: list[ClaimedJob] = []
+            if selected:
+                req = ClaimRequest(
+                    queues=selected,
+                    limit=min(free[q] for q in selected),
+                    visibility_timeout_ms=self.visibility_timeout_ms,
+                    worker_id=self.id,
+                    drop_exhausted=drop,
+                    on_exhausted=self._buried,
+                )
+                try:
+                    claimed = await self.driver.claim(req)
+                except Exception as exc:
+                    _log.warning(
+                        "jobs.claim.failed",
+                        extra={"event": "jobs.claim.failed", "error": str(exc)},
+                    )
+            for job in claimed:
+                self._start(job)
+            if claimed and not self._stopping:
+                idle_ms = self.poll_interval_ms
+                continue
+            try:
+                await asyncio.wait_for(self._wake.wait(), idle_ms / 1000)
+                idle_ms = self.poll_interval_ms
+            except TimeoutError:
+                idle_ms = min(idle_ms * 2, self.idle_poll_max_ms)
+
+    def _buried(self, buried: BuriedJob) -> None:
+        _log.warning(
+            "jobs.lease.lapsed-final",
+            extra={
+                "event": "jobs.lease.lapsed-final",
+                "job": buried.name,
+                "job_id": str(buried.id),
+                "state": str(buried.state),
+            },
+        )
+
+    def _start(self, job: ClaimedJob) -> None:
+        held = _Held(Attempt(job), last_landed=self.clock.monotonic())
+        self._held[job.id] = held
+        self._max_in_flight = max(self._max_in_flight, len(self._held))
+        held.task = asyncio.get_running_loop().create_task(self._attempt(held))
+
+    async def _attempt(self, held: _Held) -> None:
+        job = held.attempt.job
+        env = self._env
+        assert env is not None
+        admitted = self._gate is None or self._gate.admit(job.queue, job.tenant_id)
+        outcome: Outcome | str = "lost"
+        try:
+            with use_driver(self.driver), home_loop(asyncio.get_running_loop()):
+                outcome = (
+                    await execute(env, held.attempt)
+                    if admitted
+                    else await hand_back(self.driver, job)
+                )
+        except Exception as exc:
+            _log.error(
+                "jobs.attempt.crashed",
+                extra={
+                    "event": "jobs.attempt.crashed",
+                    "job": job.name,
+                    "job_id": str(job.id),
+                    "error": str(exc),
+                },
+            )
+            outcome = "crashed"
+        finally:
+            held.settled = True
+            if admitted and self._gate is not None:
+                self._gate.release(job.queue, job.tenant_id)
+            self._held.pop(job.id, None)
+            self._outcomes[outcome] += 1
+            self._wake.set()
+        _log.info(
+            "jobs.attempt.settled",
+            extra={
+                "event": "jobs.attempt.settled",
+                "job": job.name,
+                "job_id": str(job.id),
+                "attempt": job.attempt,
+                "outcome": outcome,
+            },
+        )
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_ms / 1000)
+            held = list(self._held.values())
+            if held:
+                await asyncio.gather(*(self._beat(h) for h in held))
+
+    async def _beat(self, held: _Held) -> None:
+        job = held.attempt.job
+        if held.attempt.lost or held.settled:
+            return
+        try:
+            landed = await self.driver.heartbeat(job.id, job.fence, self.visibility_timeout_ms)
+        except Exception as exc:
+            _log.warning(
+                "jobs.heartbeat.failed",
+                extra={"event": "jobs.heartbeat.failed", "job_id": str(job.id), "error": str(exc)},
+            )
+            if self.clock.monotonic() - held.last_landed >= self.visibility_timeout_ms / 1000:
+                self._lose(
+                    held, LeaseLostError(f"no renewal of {job.name} landed for a whole lease")
+                )
+            return
+        if landed:
+            held.last_landed = self.clock.monotonic()
+            slot = held.attempt.slot
+            leases = capability(self.driver, "leases")
+            if slot is not None and leases is not None:
+                await leases.renew(slot)
+            return
+        if held.settled:
+            return
+        self._lose(held, await self._why_lost(job))
+
+    async def _why_lost(self, job: ClaimedJob) -> JobsError:
+        introspect = capability(self.driver, "introspect")
+        if introspect is not None:
+            row = await introspect.get(job.id)
+            if row is not None and row.state == JobState.CANCELLED:
+                return JobCancelledError(row.last_error or "cancelled by an operator")
+        return LeaseLostError(f"the claim on {job.name} is held by someone else")
+
+    def _lose(self, held: _Held, reason: JobsError) -> None:
+        if held.settled or held.attempt.lost:
+            return
+        held.attempt.lost = True
+        held.attempt.stop(reason, abort_writes=True)
+        job = held.attempt.job
+        if isinstance(reason, LeaseLostError):
+            self._leases_lost[job.queue] += 1
+            _log.error(
+                "jobs.lease.lost",
+                extra={"event": "jobs.lease.lost", "job": job.name, "job_id": str(job.id)},
+            )
+
+    async def stop(self) -> None:
+        """Stop claiming and wait until :meth:`run` returned (cancels nothing)."""
+        self._stopping = True
+        self._wake.set()
+        if self._env is not None:
+            await self._finished.wait()
+
+    async def drain(self) -> None:
+        """Stop claiming, fire every body's cancel with ``X_DRAINING``, wait ``drain_timeout``.
+
+        A body that unwinds because of the drain is interrupted: handed back ``ready`` with its
+        attempt not spent. Past the budget the worker logs ``jobs.worker.drain-abandoned``,
+        closes the driver and leaves the leases to lapse.
+        """
+        if self._stopping:
+            return
+        self._stopping = True
+        if self._env is not None:
+            self._env.draining = True
+        self._wake.set()
+        for held in list(self._held.values()):
+            held.attempt.stop(DrainingError("the worker is draining"), abort_writes=False)
+        tasks = [h.task for h in self._held.values() if h.task is not None]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.drain_timeout_ms / 1000)
+            if pending:
+                _log.error(
+                    "jobs.worker.drain-abandoned",
+                    extra={
+                        "event": "jobs.worker.drain-abandoned",
+                        "abandoned": [str(h.attempt.job.id) for h in self._held.values()],
+                    },
+                )
+                for task in pending:
+                    task.cancel()
+                await self.driver.close()
+        self._drained.set()
