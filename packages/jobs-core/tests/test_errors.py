@@ -166,7 +166,9 @@ def test_markdown_table_has_one_row_per_code() -> None:
     assert lines[0] == "| Code | Class | Queue treats it as | Meaning | Fix |"
     assert len(lines) == 2 + len(ERROR_CODES)
     for entry, line in zip(ERROR_CODES, lines[2:], strict=True):
-        assert line.startswith(f"| `{entry.code}` | `{entry.class_name}` | {entry.classification} |")
+        assert line.startswith(
+            f"| `{entry.code}` | `{entry.class_name}` | {entry.classification} |"
+        )
 
 
 def test_readme_table_equals_the_generated_table() -> None:

@@ -216,9 +216,7 @@ async def test_wait_for_event_times_out_to_none_or_raises_when_required(
 
     @order_job(registry, "wait-timeout")
     async def optional(input: Order, step: Any, ctx: Any) -> None:
-        answers.append(
-            await step.wait_for_event("w", "never", schema=Confirmation, timeout="2h")
-        )
+        answers.append(await step.wait_for_event("w", "never", schema=Confirmation, timeout="2h"))
 
     @order_job(registry, "wait-required", retry=Retry(attempts=1))
     async def required(input: Order, step: Any, ctx: Any) -> None:
@@ -285,8 +283,10 @@ async def test_compensators_run_once_newest_first_when_the_run_fails_for_good(
     assert "carrier refused" in row.last_error
     assert log == ["ship", "ship", "release:rs_1", "refund:ch_1"]
     names = [s.name for s in row.steps]
-    assert names.index("unwinding") < names.index("compensate:reserve") < names.index(
-        "compensate:charge"
+    assert (
+        names.index("unwinding")
+        < names.index("compensate:reserve")
+        < names.index("compensate:charge")
     )
 
 

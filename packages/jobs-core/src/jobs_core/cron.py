@@ -152,6 +152,10 @@ class CronSchedule:
         set_(self, "_every_hour", hours[0] == "*" or {str(h) for h in hours} >= _ALL_HOURS)
         set_(self, "_both_days", days[0] != "*" and weekdays[0] != "*")
 
+    def __reduce__(self) -> tuple[type[CronSchedule], tuple[str, str]]:
+        """Pickle and copy as ``(expr, tz)``: the parsed forms and the lock are rebuilt."""
+        return (CronSchedule, (self.expr, self.tz))
+
     # -- public properties ------------------------------------------------------------------
 
     @property
@@ -165,6 +169,7 @@ class CronSchedule:
 
         When ``True``, POSIX OR semantics apply: a day matching *either* field fires
         (``0 0 1 * 1`` fires on the 1st and on every Monday). A task declaration should warn.
+        A day field is unrestricted only when written ``*`` (or ``?``).
         """
         return self._both_days
 

@@ -73,8 +73,9 @@ Outcome = Literal[
 
 _log = logging.getLogger("jobs.worker")
 
-UNKNOWN_JOB_RETRY = Retry(attempts=1, backoff="fixed", delay="30s")
-"""How a row whose name no module declares is retried: every 30 s (a deploy may add it)."""
+UNKNOWN_JOB_DELAY = "30s"
+"""How long a row whose name no module declares waits before its next attempt (a deploy may be
+rolling out the module that declares it); it dead-letters when its attempts run out."""
 
 BUSY_RETRY = Retry(backoff="fixed", delay="1s")
 """How a row handed back for a busy key or an in-process limit waits: about 1 s, jittered."""
@@ -145,7 +146,8 @@ async def execute(env: AttemptEnv, attempt: Attempt) -> Outcome:
     handle = env.registry.get(job.name)
     if handle is None:
         error = JobUnknownError(f"no imported module declares job {job.name!r}", job=job.name)
-        return await _fail(env, job, UNKNOWN_JOB_RETRY, error_info(error), "retry")
+        retry = Retry(attempts=job.max_attempts, backoff="fixed", delay=UNKNOWN_JOB_DELAY)
+        return await _fail(env, job, retry, error_info(error), "retry")
     try:
         value = handle.parse_input(job.input)
         declared = handle.tenant_of(value)

@@ -78,7 +78,7 @@ class Retry:
     def delay_after_ms(self, failed_attempt: int, rng: random.Random | None = None) -> int:
         """Answer the delay (ms) before the retry that follows attempt ``failed_attempt``.
 
-        With ``jitter`` the answer is uniform in ``[nominal/2, nominal]`` (equal jitter).
+        With ``jitter`` the answer is uniform in ``[ceil(nominal/2), nominal]`` (equal jitter).
         """
         return self.jittered(self.nominal_delay_ms(failed_attempt), rng)
 
@@ -87,7 +87,8 @@ class Retry:
         capped = min(max(nominal_ms, 0), self.max_delay_ms)
         if not self.jitter:
             return capped
-        half = capped // 2
+        # Round the fixed half up so an odd (or 1 ms) delay never lands below nominal/2.
+        half = capped - capped // 2
         return half + (rng or random).randint(0, capped - half)
 
 

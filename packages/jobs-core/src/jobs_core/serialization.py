@@ -49,22 +49,27 @@ def to_json_form(value: Any) -> JSONValue:
 
 
 def _walk(value: Any, path: str, seen: set[int]) -> JSONValue:
-    if value is None or isinstance(value, bool | int):
+    # Subclasses of str/int/float (``class Color(str, Enum)``, ``IntEnum``, a ``UserId(str)``)
+    # become the plain builtin, so attempt 1 answers exactly what a replay decodes from storage
+    # (``f"{Color.RED}"`` is ``"Color.RED"`` but the stored form reads back as ``"red"``).
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, Enum):
+        return _walk(value.value, path, seen)
+    if isinstance(value, int):
+        return int(value)
     if isinstance(value, str):
         if "\x00" in value:
             raise NotJSONError(path, "text contains U+0000 (NUL), which no driver stores")
-        return value
+        return str.__str__(value)
     if isinstance(value, float):
         if not math.isfinite(value):
             raise NotJSONError(path, f"{value!r} is not a JSON number")
-        return value
+        return float(value)
     if isinstance(value, datetime | date | time):
         return value.isoformat()
     if isinstance(value, UUID | Decimal):
         return str(value)
-    if isinstance(value, Enum):
-        return _walk(value.value, path, seen)
     if isinstance(value, BaseModel):
         return _walk(value.model_dump(mode="json"), path, seen)
     if isinstance(value, dict | list | tuple):
@@ -80,7 +85,7 @@ def _walk(value: Any, path: str, seen: set[int]) -> JSONValue:
                         raise NotJSONError(path, f"key {key!r} is not text")
                     if "\x00" in key:
                         raise NotJSONError(path, "a key contains U+0000 (NUL)")
-                    out[key] = _walk(item, f"{path}.{key}", seen)
+                    out[str.__str__(key)] = _walk(item, f"{path}.{key}", seen)
                 return out
             return [_walk(item, f"{path}[{i}]", seen) for i, item in enumerate(value)]
         finally:
