@@ -69,17 +69,26 @@ def _to_ms(value: object) -> int:
     if isinstance(value, bool):
         raise TypeError(f"a duration cannot be a bool ({value!r})")
     if isinstance(value, timedelta):
-        return math.ceil(value / timedelta(milliseconds=1))
+        return _away_from_zero(value / timedelta(milliseconds=1))
     if isinstance(value, int):
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError(f"a duration must be finite, got {value!r}")
-        return math.ceil(value)
+        return _away_from_zero(value)
     if isinstance(value, str):
         match = _PATTERN.match(value)
         if match is None:
             raise ValueError(f"unreadable duration {value!r}")
         number, unit = match.groups()
-        return math.ceil(float(number) * _UNITS_MS[unit])
+        ms = float(number) * _UNITS_MS[unit]
+        if not math.isfinite(ms):
+            raise ValueError(f"a duration must be finite, got {value!r}")
+        return math.ceil(ms)
     raise TypeError(f"a duration must be str, int ms or timedelta, got {type(value).__name__}")
+
+
+def _away_from_zero(ms: float) -> int:
+    # Round a fraction of a millisecond away from zero: a positive value never becomes 0, and a
+    # negative one (-0.5 ms, timedelta(microseconds=-1)) never becomes an acceptable 0.
+    return math.ceil(ms) if ms >= 0 else math.floor(ms)

@@ -23,12 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import inspect
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from jobs_core.clock import SYSTEM_CLOCK, Clock
 from jobs_core.context import CancelSignal, JobContext
@@ -40,11 +41,12 @@ from jobs_core.errors import (
     JobTimeoutError,
     JobUnknownError,
     KeyBusyError,
+    OnSettledFailedError,
     TenantMismatchError,
     classification_of,
 )
 from jobs_core.ids import new_id
-from jobs_core.job import JobHandle, JobRegistry
+from jobs_core.job import JobHandle, JobRegistry, Settled
 from jobs_core.limits import Concurrency
 from jobs_core.retry import Retry
 from jobs_core.serialization import NotJSONError, to_json_form
@@ -121,6 +123,8 @@ class Attempt:
         runner: its step runner, once the body starts.
         slot: the fleet concurrency slot held, if any.
         lost: set when a heartbeat found the claim gone.
+        result: the body's return value once it completed.
+        error: the failure the row was settled with, once it was.
     """
 
     job: ClaimedJob
@@ -128,6 +132,8 @@ class Attempt:
     runner: StepRunner | None = None
     slot: LeaseRequest | None = None
     lost: bool = False
+    result: Any = None
+    error: ErrorInfo | None = None
 
     def stop(self, reason: JobsError, *, abort_writes: bool) -> None:
         """Fire the cancel signal; with ``abort_writes`` also refuse every later step write."""
@@ -147,7 +153,7 @@ async def execute(env: AttemptEnv, attempt: Attempt) -> Outcome:
     if handle is None:
         error = JobUnknownError(f"no imported module declares job {job.name!r}", job=job.name)
         retry = Retry(attempts=job.max_attempts, backoff="fixed", delay=UNKNOWN_JOB_DELAY)
-        return await _fail(env, job, retry, error_info(error), "retry")
+        return await _fail(env, attempt, retry, error_info(error), "retry")
     try:
         value = handle.parse_input(job.input)
         declared = handle.tenant_of(value)
@@ -158,16 +164,19 @@ async def execute(env: AttemptEnv, attempt: Attempt) -> Outcome:
                 form="row",
             )
     except JobsError as exc:
-        return await _fail(env, job, handle.retry, error_info(exc), "terminal")
+        refused = await _fail(env, attempt, handle.retry, error_info(exc), "terminal")
+        await notify_settled(env, handle, attempt, refused, None, job.tenant_id)
+        return refused
     tenant = job.tenant_id or declared
-    busy = await _acquire_slot(env, attempt, handle, value)
-    if busy is not None:
-        return busy
-    try:
-        return await _run(env, attempt, handle, value, tenant)
-    finally:
-        if attempt.slot is not None and env.leases is not None:
-            await env.leases.release(attempt.slot.key, attempt.slot.holder)
+    outcome: Outcome | None = await _acquire_slot(env, attempt, handle, value)
+    if outcome is None:
+        try:
+            outcome = await _run(env, attempt, handle, value, tenant)
+        finally:
+            if attempt.slot is not None and env.leases is not None:
+                await env.leases.release(attempt.slot.key, attempt.slot.holder)
+    await notify_settled(env, handle, attempt, outcome, value, tenant)
+    return outcome
 
 
 async def _acquire_slot(
@@ -188,12 +197,11 @@ async def _acquire_slot(
     if await env.leases.acquire(req):
         attempt.slot = req
         return None
-    job = attempt.job
     if when_busy == "fail":
-        error = KeyBusyError(f"every slot of {key!r} is taken", key=key)
-        opts = NackOptions(job.fence, error=error_info(error), fail=True, count_attempt=False)
-        return "refused" if await env.driver.nack(job.id, opts) else "lost"
-    return await hand_back(env.driver, job)
+        error = error_info(KeyBusyError(f"every slot of {key!r} is taken", key=key))
+        opts = NackOptions(attempt.job.fence, error=error, fail=True, count_attempt=False)
+        return await _settle(env, attempt, opts, "refused")
+    return await hand_back(env.driver, attempt.job)
 
 
 async def hand_back(driver: JobDriver, job: ClaimedJob) -> Outcome:
@@ -245,17 +253,18 @@ async def _run(
     try:
         result = await call_body(env, handle, value, runner, ctx, tenant, handle.timeout_ms)
     except StepSuspended:
-        return await _park(env, job, runner)
+        return await _park(env, attempt, runner)
     except UnwindReached:
-        return await _unwind(env, job, handle, runner)
+        return await _unwind(env, attempt, handle, runner)
     except Exception as exc:
         if runner.unwinding:
-            return await _unwind(env, job, handle, runner)
+            return await _unwind(env, attempt, handle, runner)
         return await _after_failure(env, attempt, handle, runner, exc)
     if runner.suspension is not None:
-        return await _park(env, job, runner)
+        return await _park(env, attempt, runner)
     if runner.unwinding:
-        return await _unwind(env, job, handle, runner)
+        return await _unwind(env, attempt, handle, runner)
+    attempt.result = result
     try:
         stored: JSONValue = to_json_form(result)
     except NotJSONError:
@@ -336,12 +345,12 @@ def _swallow(task: asyncio.Task[Any]) -> None:
         _log.warning("jobs.progress.failed", extra={"event": "jobs.progress.failed"})
 
 
-async def _park(env: AttemptEnv, job: ClaimedJob, runner: StepRunner) -> Outcome:
+async def _park(env: AttemptEnv, attempt: Attempt, runner: StepRunner) -> Outcome:
     assert runner.suspension is not None
     now: datetime = await env.driver.steps.now()
     delay_ms = max(0, int((runner.suspension.wake_at - now).total_seconds() * 1000))
-    opts = NackOptions(job.fence, delay_ms=delay_ms, park=True, count_attempt=False)
-    return "suspended" if await env.driver.nack(job.id, opts) else _lost(job, "park")
+    opts = NackOptions(attempt.job.fence, delay_ms=delay_ms, park=True, count_attempt=False)
+    return await _settle(env, attempt, opts, "suspended")
 
 
 async def _after_failure(
@@ -355,7 +364,7 @@ async def _after_failure(
     reason = attempt.cancel.reason
     if isinstance(reason, DrainingError) and env.draining:
         opts = NackOptions(job.fence, error=error_info(exc), count_attempt=False)
-        return "interrupted" if await env.driver.nack(job.id, opts) else _lost(job, "interrupt")
+        return await _settle(env, attempt, opts, "interrupted")
     if attempt.lost:
         return _lost(job, "fail")
     info = error_info(exc)
@@ -363,11 +372,11 @@ async def _after_failure(
     retry_after = _retry_after_ms(exc) if kind == "retry_after" else None
     del exc
     if kind != "terminal" and job.attempt < handle.retry.attempts:
-        return await _fail(env, job, handle.retry, info, kind, retry_after)
+        return await _fail(env, attempt, handle.retry, info, kind, retry_after)
     if handle.compensates:
         await runner.begin_unwind(info)
-        return await _unwind(env, job, handle, runner)
-    return await _fail(env, job, handle.retry, info, "terminal")
+        return await _unwind(env, attempt, handle, runner)
+    return await _fail(env, attempt, handle.retry, info, "terminal")
 
 
 def _retry_after_ms(exc: BaseException) -> int | None:
@@ -380,48 +389,63 @@ def _retry_after_ms(exc: BaseException) -> int | None:
 
 async def _fail(
     env: AttemptEnv,
-    job: ClaimedJob,
+    attempt: Attempt,
     retry: Retry,
     info: ErrorInfo,
     kind: str,
     retry_after_ms: int | None = None,
 ) -> Outcome:
     """Settle a failed attempt: retry while attempts remain, else dead-letter or drop."""
+    job = attempt.job
     if kind != "terminal" and job.attempt < min(retry.attempts, job.max_attempts):
         if retry_after_ms is not None:
             delay = retry.jittered(retry_after_ms)
         else:
             delay = retry.delay_after_ms(job.attempt)
-        opts = NackOptions(job.fence, error=info, delay_ms=delay)
-        return "retried" if await env.driver.nack(job.id, opts) else _lost(job, "retry")
-    return await _bury(env, job, retry, info)
+        return await _settle(
+            env, attempt, NackOptions(job.fence, error=info, delay_ms=delay), "retried"
+        )
+    return await _bury(env, attempt, retry, info)
 
 
-async def _bury(env: AttemptEnv, job: ClaimedJob, retry: Retry, info: ErrorInfo) -> Outcome:
+async def _bury(env: AttemptEnv, attempt: Attempt, retry: Retry, info: ErrorInfo) -> Outcome:
+    fence = attempt.job.fence
     if retry.dead_letter:
-        opts = NackOptions(job.fence, error=info, dead_letter=True)
-        return "dead-lettered" if await env.driver.nack(job.id, opts) else _lost(job, "dead")
-    opts = NackOptions(job.fence, error=info, fail=True)
-    return "dropped" if await env.driver.nack(job.id, opts) else _lost(job, "drop")
+        opts = NackOptions(fence, error=info, dead_letter=True)
+        return await _settle(env, attempt, opts, "dead-lettered")
+    return await _settle(env, attempt, NackOptions(fence, error=info, fail=True), "dropped")
 
 
 async def _unwind(
-    env: AttemptEnv, job: ClaimedJob, handle: JobHandle[Any, Any], runner: StepRunner
+    env: AttemptEnv, attempt: Attempt, handle: JobHandle[Any, Any], runner: StepRunner
 ) -> Outcome:
+    job = attempt.job
     try:
         await runner.compensate_all()
     except Exception as exc:
         info = error_info(exc)
         if job.attempt < job.max_attempts:
             opts = NackOptions(job.fence, error=info, delay_ms=handle.retry.delay_after_ms(1))
-            return "retried" if await env.driver.nack(job.id, opts) else _lost(job, "unwind")
+            return await _settle(env, attempt, opts, "retried")
         failed = CompensationFailedError(
             f"a compensator of {job.name} kept failing: {info.message}", job=job.name
         )
         final = ErrorInfo(failed.message, failed.code, info.stack)
-        opts = NackOptions(job.fence, error=final, dead_letter=True)
-        return "dead-lettered" if await env.driver.nack(job.id, opts) else _lost(job, "unwind")
-    return await _bury(env, job, handle.retry, runner.unwind_error())
+        return await _settle(
+            env, attempt, NackOptions(job.fence, error=final, dead_letter=True), "dead-lettered"
+        )
+    return await _bury(env, attempt, handle.retry, runner.unwind_error())
+
+
+async def _settle(
+    env: AttemptEnv, attempt: Attempt, opts: NackOptions, outcome: Outcome
+) -> Outcome:
+    """Nack fenced on the attempt's claim; answer ``outcome``, or ``lost`` if the fence failed."""
+    job = attempt.job
+    if not await env.driver.nack(job.id, opts):
+        return _lost(job, outcome)
+    attempt.error = opts.error
+    return outcome
 
 
 def _lost(job: ClaimedJob, during: str) -> Outcome:
@@ -436,6 +460,80 @@ def _lost(job: ClaimedJob, during: str) -> Outcome:
         },
     )
     return "lost"
+
+
+ENDINGS: frozenset[str] = frozenset({"completed", "dead-lettered", "dropped", "refused"})
+"""The outcomes ``on_settled`` is told about (a row that ended)."""
+
+ON_SETTLED_TRIES = 3
+"""How many times a failing ``on_settled`` hook is called within its timeout."""
+
+
+async def notify_settled(
+    env: AttemptEnv,
+    handle: JobHandle[Any, Any],
+    attempt: Attempt,
+    outcome: Outcome,
+    value: Any,
+    tenant: str | None,
+) -> None:
+    """Tell the job's ``on_settled`` hook about an ending, once, after the row settled.
+
+    Up to :data:`ON_SETTLED_TRIES` tries within ``on_settled_timeout``, under the job's tenant; a
+    hook that keeps failing is logged ``jobs.on-settled.failed`` (``X_JOB_ON_SETTLED_FAILED``) and
+    never changes the row. Nothing is persisted, so a crash between the settle and the hook means
+    the hook is not told (at most once per ending).
+    """
+    hook = handle.on_settled
+    if hook is None or outcome not in ENDINGS:
+        return
+    job = attempt.job
+    error = attempt.error
+    settled = Settled(
+        job_id=job.id,
+        run_id=job.run_id,
+        name=job.name,
+        outcome=cast(Any, outcome),
+        input=value,
+        result=attempt.result if outcome == "completed" else None,
+        error=None if error is None else error.message,
+        code=None if error is None else error.code,
+    )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + handle.on_settled_timeout_ms / 1000
+    last = ""
+    for _ in range(ON_SETTLED_TRIES):
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        try:
+            with acting_as(Actor(id=f"job:{handle.name}", org_id=tenant)):
+                await asyncio.wait_for(_call_hook(env, hook, settled), remaining)
+            return
+        except Exception as exc:
+            last = f"{type(exc).__name__}: {exc}"
+    failure = OnSettledFailedError(f"on_settled of {job.name} failed: {last}", job=job.name)
+    _log.error(
+        "jobs.on-settled.failed",
+        extra={
+            "event": "jobs.on-settled.failed",
+            "code": failure.code,
+            "job": job.name,
+            "job_id": str(job.id),
+            "outcome": outcome,
+            "error": last,
+        },
+    )
+
+
+async def _call_hook(env: AttemptEnv, hook: Callable[[Settled], Any], settled: Settled) -> None:
+    if inspect.iscoroutinefunction(hook):
+        await hook(settled)
+        return
+    call = functools.partial(contextvars.copy_context().run, hook, settled)
+    result = await asyncio.get_running_loop().run_in_executor(env.step_executor, call)
+    if inspect.isawaitable(result):
+        await result
 
 
 async def run_inline(handle: JobHandle[Any, Any], input: Any, driver: JobDriver) -> Any:

@@ -636,9 +636,17 @@ def job(
             problems.append("input: required (a pydantic model or a type TypeAdapter accepts)")
         else:
             try:
-                TypeAdapter(input)
+                adapter = TypeAdapter(input)
             except Exception as exc:
                 problems.append(f"input: {input!r} is not a type pydantic can validate ({exc})")
+            else:
+                # A forward reference pydantic cannot resolve yet builds a deferred adapter that
+                # fails at every enqueue and run; refuse it here, at declaration.
+                if not getattr(adapter, "pydantic_complete", True):
+                    problems.append(
+                        f"input: {input!r} is not fully defined (an unresolved forward "
+                        "reference); define every referenced type before the job"
+                    )
         if missing_key:
             problems.append("idempotency_key: required, a function (input) -> non-empty str")
         elif not callable(idempotency_key):

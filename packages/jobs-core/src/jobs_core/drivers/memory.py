@@ -94,6 +94,7 @@ _CURSOR = re.compile(r"mem1\|(-?\d{1,20})\|([0-9a-f]{32})")
 # A JSON ``\u0000`` escape, i.e. one not itself escaped by an odd run of backslashes.
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ENCODE = json.JSONEncoder(allow_nan=False).encode
 _ONE_MS = timedelta(milliseconds=1)
 _ONE_US = timedelta(microseconds=1)
 _QUEUED = frozenset({JobState.READY, JobState.DELAYED, JobState.SUSPENDED})
@@ -200,7 +201,7 @@ def _encode(value: JSONValue, what: str) -> str:
             arbitrary object, a cycle, ``NaN`` or an infinity) or holds a NUL character.
     """
     try:
-        text = json.dumps(value, allow_nan=False)
+        text = _ENCODE(value)
     except (TypeError, ValueError) as exc:
         raise DriverRequestInvalidError(f"{what} is not a JSON value: {exc}", field=what) from exc
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
@@ -1111,8 +1112,13 @@ class MemoryDriver:
         m.rows[row.id] = row
         m.live[row.id] = row
         m.keys[_live_key(row)] = row
-        insort(m.listing, row, key=_position)
-        m.queues.setdefault(row.queue, _Queue())
+        listing = m.listing
+        if not listing or _position(listing[-1]) < _position(row):
+            listing.append(row)  # the usual case: ids and the clock only move forward
+        else:
+            insort(listing, row, key=_position)
+        if row.queue not in m.queues:
+            m.queues[row.queue] = _Queue()
         m.file(row, run_at)
         if row.state is JobState.READY:
             woken.add(row.queue)
