@@ -17,6 +17,7 @@ PINS = {
     "pytest-asyncio": "pytest-asyncio==1.5.0",
     "pytest-timeout": "pytest-timeout==2.4.0",
     "hypothesis": "hypothesis==6.155.2",
+    "types-croniter": "types-croniter==6.2.4.20261118",
 }
 
 CORE = "packages/jobs-core"
@@ -40,7 +41,9 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
     """Type-check the library sources with mypy (strict; config in pyproject.toml)."""
-    session.install("-e", CORE, "-e", CONFORMANCE, PINS["mypy"], PINS["pytest"])
+    session.install(
+        "-e", CORE, "-e", CONFORMANCE, PINS["mypy"], PINS["pytest"], PINS["types-croniter"]
+    )
     session.run("mypy")
 
 

@@ -25,6 +25,7 @@ from jobs_core.driver import (
     StepResolution,
     StepStore,
     WakeSource,
+    open_driver,
 )
 from jobs_core.drivers.memory import MemoryDriver, open_memory_driver
 from jobs_core.errors import (
@@ -165,6 +166,7 @@ async def test_protocols_capabilities_and_describe(mem: MemoryDriver) -> None:
 
 
 def test_open_memory_driver() -> None:
+    assert isinstance(open_driver("memory://"), MemoryDriver)
     clock = TickClock()
     driver = open_memory_driver("memory://", clock=clock)
     assert isinstance(driver, MemoryDriver)
@@ -867,6 +869,10 @@ async def test_lease_slots_holders_and_expiry(mem: MemoryDriver, tclock: TickClo
     tclock.advance(1)
     assert await leases.holders("job:send") == []
     assert await leases.holders("job:unknown") == []
+    assert await leases.acquire(req("solo"))
+    await leases.release("job:send", "solo")
+    assert await leases.holders("job:send") == []
+    assert not await leases.renew(req("solo"))
     with pytest.raises(DriverRequestInvalidError):
         await leases.acquire(LeaseRequest("k", limit=0, holder="h", ttl_ms=1_000))
 
@@ -891,6 +897,9 @@ async def test_events_publish_find_match_and_expiry(mem: MemoryDriver, tclock: T
     assert await find(match={"order": 1, "ok": True}) == first.id
     assert await find(match={"order": 3}) is None
     assert await find(match={"missing": None}) is None
+    await bus.publish(PublishRequest("listed", [1, 2], None, 60_000))
+    assert await bus.find(EventQuery("listed", START, {"0": 1})) is None
+    assert await bus.find(EventQuery("listed", START)) is not None
     assert await find(correlation_key="corr-2") == second.id
     assert await find(correlation_key="other") is None
     assert await find(since=START + timedelta(milliseconds=1)) == second.id
@@ -904,7 +913,7 @@ async def test_events_publish_find_match_and_expiry(mem: MemoryDriver, tclock: T
     assert await bus.purge_expired() == 0
     tclock.advance(60_000)
     assert await find() is None
-    assert await bus.purge_expired() == 2
+    assert await bus.purge_expired() == 3  # "paid", "shipped" and "listed"
 
 
 async def test_publish_wakes_a_suspended_waiting_run(mem: MemoryDriver, tclock: TickClock) -> None:
@@ -987,6 +996,20 @@ async def test_wake_is_delivered_on_the_subscribers_loop(mem: MemoryDriver) -> N
     assert await asyncio.to_thread(done.wait, 5)
     thread.join(5)
     assert heard == [("default", thread.ident)]
+
+
+async def test_a_subscriber_whose_loop_closed_is_dropped(mem: MemoryDriver) -> None:
+    def subscribe_and_leave() -> None:
+        async def main() -> None:
+            await mem.wake.subscribe(lambda queue: None)
+
+        asyncio.run(main())
+
+    await asyncio.to_thread(subscribe_and_leave)
+    assert len(mem._m.subscribers) == 1
+    await mem.enqueue(request("a"))
+    assert len(mem._m.subscribers) == 0
+    await mem.enqueue(request("b"))
 
 
 # --- close -----------------------------------------------------------------------------------

@@ -38,11 +38,15 @@ from jobs_core.types import (
     JobPage,
     JSONValue,
     NackOptions,
+    OutboxClaim,
+    OutboxRow,
     QueueStats,
     Settle,
     StepRecord,
     StepWrite,
     StoredEvent,
+    TaskFire,
+    WorkerInfo,
 )
 
 CAPABILITIES: tuple[str, ...] = (
@@ -361,6 +365,109 @@ class WakeSource(Protocol):
 
         Answers an async unsubscribe function.
         """
+        ...
+
+
+@runtime_checkable
+class OutboxStore(Protocol):
+    """A transactional outbox: enqueues staged on the caller's transaction, published by a relay.
+
+    ``tx`` is the store's transaction handle (the pg store takes a psycopg connection inside a
+    transaction; the memory store its own :class:`~jobs_core.outbox.MemoryTransaction`).
+    """
+
+    def ambient(self) -> Any | None:
+        """Answer the ambient transaction (``jobs_pg.transaction(conn)``), or ``None``."""
+        ...
+
+    async def stage(self, req: EnqueueRequest, tx: Any) -> None:
+        """Write ``req`` into the outbox on ``tx``; it commits and rolls back with ``tx``."""
+        ...
+
+    async def stage_many(self, reqs: Sequence[EnqueueRequest], tx: Any) -> None:
+        """Stage many requests on ``tx`` in one round trip per 1,000."""
+        ...
+
+    async def claim(self, req: OutboxClaim) -> list[OutboxRow]:
+        """Take up to ``req.limit`` committed, unpublished rows whose claim is free or lapsed.
+
+        Answers them in ``(staged_at, id)`` order, each carrying this claim's token.
+        """
+        ...
+
+    async def release(self, ids: Sequence[UUID], token: str) -> None:
+        """Give claimed rows back at once (the relay stopped at an earlier failure)."""
+        ...
+
+    async def mark_published(self, ids: Sequence[UUID], token: str) -> int:
+        """Mark rows published, fenced on ``token``; answer how many were still this claim's."""
+        ...
+
+
+@runtime_checkable
+class SchedulerState(Protocol):
+    """Cron watermarks and task fires; a fire's jobs and its watermark land in one write."""
+
+    async def watermarks(self) -> dict[str, datetime]:
+        """Answer every task's watermark: the last occurrence it fired (UTC)."""
+        ...
+
+    async def fire(self, fire: TaskFire) -> list[EnqueueResult] | None:
+        """Enqueue a fire's jobs and move its task's watermark, atomically.
+
+        The write lands only if the stored watermark equals ``fire.expected``. Answers the
+        enqueue results, or ``None`` (writing nothing) when another scheduler moved it first.
+        """
+        ...
+
+    async def advance(self, task: str, expected: datetime | None, to: datetime) -> bool:
+        """Move a watermark without firing (catch-up), compare-and-set like :meth:`fire`."""
+        ...
+
+    async def paused_tasks(self) -> list[str]:
+        """Answer the paused tasks, sorted."""
+        ...
+
+    async def pause_task(self, task: str) -> None:
+        """Stop dispatching ``task``."""
+        ...
+
+    async def resume_task(self, task: str) -> None:
+        """Dispatch ``task`` again (its catch-up policy decides what was missed)."""
+        ...
+
+
+@runtime_checkable
+class LeaderLease(Protocol):
+    """One leader at a time: a lease row with an expiry, keyed by a unique incarnation id."""
+
+    async def acquire(self, holder: str, ttl_ms: int) -> bool:
+        """Take the lease if it is free or lapsed, or renew it if ``holder`` holds it."""
+        ...
+
+    async def release(self, holder: str) -> None:
+        """Give the lease up if ``holder`` holds it."""
+        ...
+
+    async def holder(self) -> str | None:
+        """Answer the current, unexpired holder."""
+        ...
+
+
+@runtime_checkable
+class WorkerRegistry(Protocol):
+    """Live workers; a row expires one visibility timeout after its last heartbeat."""
+
+    async def beat(self, info: WorkerInfo, ttl_ms: int) -> None:
+        """Insert or refresh a worker's row; it expires ``ttl_ms`` after this call."""
+        ...
+
+    async def remove(self, worker_id: str) -> None:
+        """Delete a worker's row (a clean stop)."""
+        ...
+
+    async def list(self) -> list[WorkerInfo]:
+        """Answer the unexpired workers, sorted by id."""
         ...
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar, cast
@@ -597,7 +597,7 @@ def job(
     on_settled: Callable[[Settled], Any] | None = None,
     on_settled_timeout: Duration = "30s",
     registry: JobRegistry | None = None,
-) -> Callable[[Callable[..., Awaitable[R]] | Callable[..., R]], JobHandle[Any, R]]:
+) -> Callable[[Callable[..., Any]], JobHandle[Any, Any]]:
     """Declare a job; decorate ``async def body(input, step, ctx)`` (or a plain ``def``).
 
     Args:
@@ -628,7 +628,7 @@ def job(
         JobDuplicateError: ``X_JOB_DUPLICATE`` when another declaration holds the name.
     """
 
-    def decorate(body: Callable[..., Any]) -> JobHandle[Any, R]:
+    def decorate(body: Callable[..., Any]) -> JobHandle[Any, Any]:
         problems: list[str] = []
         missing_key = idempotency_key is None
         missing_tenant = tenant is None
@@ -700,7 +700,7 @@ def job(
                 job=job_name,
                 problems=problems,
             )
-        handle: JobHandle[Any, R] = JobHandle(
+        handle: JobHandle[Any, Any] = JobHandle(
             body,
             name=job_name,
             queue=queue,

@@ -45,6 +45,7 @@ from jobs_core.errors import (
     StepOutputUnserializableError,
     StepTimeoutError,
 )
+from jobs_core.faults import FaultPoint, boundary
 from jobs_core.serialization import NotJSONError, to_json_form
 from jobs_core.types import ErrorInfo, Fence, JSONValue, StepRecord, StepWrite
 
@@ -133,6 +134,7 @@ class StepRunner:
         job_id: UUID | None,
         fence: Fence | None,
         run_id: UUID,
+        job_name: str,
         records: list[StepRecord],
         cancel: CancelSignal,
         clock: Clock,
@@ -147,6 +149,7 @@ class StepRunner:
         self._job_id = job_id
         self._fence = fence
         self._run_id = run_id
+        self._job_name = job_name
         self._records: dict[str, StepRecord] = {r.name: r for r in records}
         self._cancel = cancel
         self._clock = clock
@@ -221,6 +224,7 @@ class StepRunner:
             )
         started = self._clock.now()
         attempts = record.attempts if record is not None else 0
+        await self._boundary("before", name)
         if once:
             await self._write(StepRecord(name, "started", started_at=started, once=True))
         signal = self._cancel.child()
@@ -241,6 +245,7 @@ class StepRunner:
                 step=name,
                 path=exc.path,
             ) from None
+        await self._boundary("returned", name)
         await self._write(
             StepRecord(
                 name,
@@ -252,6 +257,7 @@ class StepRunner:
                 once=once,
             )
         )
+        await self._boundary("persisted", name)
         if compensate is not None:
             self.compensators.append(Compensator(name, compensate, output))
         return output
@@ -390,10 +396,13 @@ class StepRunner:
             if record is not None and record.status == "completed":
                 continue
             started = self._clock.now()
+            await self._boundary("before", step)
             await self._invoke(step, comp.fn, (comp.output,), self._cancel.child(), None)
+            await self._boundary("returned", step)
             await self._write(
                 StepRecord(step, "completed", started_at=started, completed_at=self._clock.now())
             )
+            await self._boundary("persisted", step)
             ran += 1
         return ran
 
@@ -436,6 +445,9 @@ class StepRunner:
             await self._write(replace(record, status="completed", completed_at=now))
             return
         raise self._suspend(record.wake_at, name)
+
+    async def _boundary(self, point: FaultPoint, step: str) -> None:
+        await boundary(point, self._job_name, self._run_id, step)
 
     def _suspend(self, wake_at: datetime, step: str) -> StepSuspended:
         suspension = StepSuspended(wake_at, step)

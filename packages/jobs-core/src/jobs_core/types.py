@@ -456,3 +456,79 @@ ENQUEUE_CHUNK = 1_000
 UNWIND_MARGIN = 2
 """Extra attempts a compensating job's rows carry so that a crash on the final attempt can still
 unwind."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxClaim:
+    """Parameters of a relay's claim on staged outbox rows.
+
+    Attributes:
+        relay_id: the claiming relay's incarnation id.
+        limit: the most rows to take (``>= 1``).
+        lease_ms: how long the claim holds before another relay may take the rows.
+    """
+
+    relay_id: str
+    limit: int
+    lease_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """A staged enqueue, as a relay claims it.
+
+    Attributes:
+        request: the enqueue to publish; ``request.id`` is the row id and the job id.
+        staged_at: when it was staged (the store's clock); publish order is
+            ``(staged_at, request.id)``.
+        token: the claim token the relay's ``mark_published``/``release`` are fenced on.
+    """
+
+    request: EnqueueRequest
+    staged_at: datetime
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFire:
+    """One occurrence of a cron task, fired with its jobs and its watermark in one write.
+
+    Attributes:
+        task: the task name.
+        occurrence: the occurrence's instant (UTC).
+        expected: the watermark the scheduler read (``None`` for a task never fired); the fire
+            lands only if the stored watermark still equals it (compare-and-set).
+        requests: the jobs to enqueue (deduped like any enqueue).
+    """
+
+    task: str
+    occurrence: datetime
+    expected: datetime | None
+    requests: tuple[EnqueueRequest, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A live worker as the registry shows it.
+
+    Attributes:
+        id: the incarnation id.
+        host: the host name.
+        build: the app's build or version string.
+        started_at: when it started (UTC).
+        queues: the queues it serves.
+        slots: its capacity.
+        in_flight: ids of the rows it holds (at most 100).
+        last_heartbeat: its last registry heartbeat (UTC).
+        draining_at: when it began draining, if it is.
+    """
+
+    id: str
+    host: str
+    build: str
+    started_at: datetime
+    queues: tuple[str, ...]
+    slots: int
+    in_flight: tuple[UUID, ...] = ()
+    last_heartbeat: datetime | None = None
+    draining_at: datetime | None = None
