@@ -126,6 +126,8 @@ def test_several_bad_fields_are_all_named_in_message_and_meta(registry: JobRegis
         ({"name": "   "}, "name"),
         ({"queue": " "}, "queue"),
         ({"queue": None}, "queue"),
+        ({"queue": "mail\x00"}, "queue"),
+        ({"name": "decl.nul\x00"}, "name"),
         ({"concurrency": -1}, "concurrency"),
         ({"concurrency": True}, "concurrency"),
         ({"concurrency": 1.5}, "concurrency"),
@@ -233,7 +235,7 @@ def test_a_default_name_clash_between_two_functions_is_refused(registry: JobRegi
 
     # Same module and qualname, different code location: a different function.
     namespace: dict[str, Any] = {"__name__": a.__module__}
-    exec(  # noqa: S102 - builds a second function with an identical qualified name
+    exec(
         compile("async def twin(input, step, ctx):\n    return None\n", "<other>", "exec"),
         namespace,
     )
@@ -251,15 +253,11 @@ def test_redeclaring_the_identical_function_is_allowed(registry: JobRegistry) ->
 
 
 def test_a_module_reload_is_allowed(registry: JobRegistry) -> None:
-    source = (
-        "async def reloaded(input, step, ctx):\n"
-        "    '''Reloaded body.'''\n"
-        "    return 'v'\n"
-    )
+    source = "async def reloaded(input, step, ctx):\n    '''Reloaded body.'''\n    return 'v'\n"
 
     def load() -> Any:
         namespace: dict[str, Any] = {"__name__": "decl_reload_module"}
-        exec(compile(source, "/virtual/decl_reload_module.py", "exec"), namespace)  # noqa: S102
+        exec(compile(source, "/virtual/decl_reload_module.py", "exec"), namespace)
         return namespace["reloaded"]
 
     old, new = load(), load()

@@ -916,6 +916,21 @@ async def test_events_publish_find_match_and_expiry(mem: MemoryDriver, tclock: T
     assert await bus.purge_expired() == 3  # "paid", "shipped" and "listed"
 
 
+async def test_event_match_compares_json_values(mem: MemoryDriver) -> None:
+    event = await mem.events.publish(
+        PublishRequest("e", {"flag": 1, "ratio": 2, "tags": [True, "x"], "id": "a1"}, None, 1_000)
+    )
+
+    async def matches(match: dict[str, Any]) -> bool:
+        found = await mem.events.find(EventQuery("e", START, match))
+        return found is not None and found.id == event.id
+
+    assert await matches({"ratio": 2.0, "tags": [True, "x"]})
+    assert not await matches({"flag": True})
+    assert not await matches({"tags": [1, "x"]})
+    assert await matches({"id": "a1", "tags": (True, "x")})  # compared in JSON form
+
+
 async def test_publish_wakes_a_suspended_waiting_run(mem: MemoryDriver, tclock: TickClock) -> None:
     waiting = await mem.enqueue(request("waiting"))
     other = await mem.enqueue(request("other"))

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from jobs_core.serialization import NotJSONError, to_json_form
 
 
-class Color(str, Enum):
+class Color(str, Enum):  # noqa: UP042 - the (str, Enum) mixin is the case under test
     RED = "red"
 
 

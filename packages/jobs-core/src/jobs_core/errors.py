@@ -88,8 +88,8 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
     ErrorCode(
         "X_JOB_ENQUEUE_BATCH_TOO_LARGE",
         "EnqueueBatchTooLargeError",
-        "enqueue_many was given more inputs than MAX_ENQUEUE_BATCH (10,000), or on_conflict='error'.",
-        "Split the inputs into batches of at most 10,000 and use on_conflict='dedupe' in a batch.",
+        "enqueue_many was given more inputs than MAX_ENQUEUE_BATCH (10,000).",
+        "Split the inputs into batches of at most 10,000.",
         "terminal",
     ),
     ErrorCode(
@@ -374,7 +374,7 @@ class JobOptionsInvalidError(JobsError):
 
 
 class EnqueueBatchTooLargeError(JobsError):
-    """enqueue_many was given more inputs than MAX_ENQUEUE_BATCH (10,000), or on_conflict='error'."""
+    """enqueue_many was given more inputs than MAX_ENQUEUE_BATCH (10,000)."""
 
     code = "X_JOB_ENQUEUE_BATCH_TOO_LARGE"
 

@@ -51,6 +51,9 @@ RESERVED_STEP_NAMES = frozenset({"unwinding"})
 
 _MISSING: Any = object()
 
+_NUL = "\x00"
+"""PostgreSQL text and jsonb cannot hold U+0000, so every driver refuses it alike (C22)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Settled:
@@ -211,6 +214,11 @@ class JobHandle(Generic[I, R]):
         value = self.tenant(input)
         if value is None or str(value) == "":
             raise TenantRequiredError(f"tenant(input) of {self.name} answered an empty tenant")
+        if _NUL in str(value):
+            raise TenantRequiredError(
+                f"tenant(input) of {self.name} answered text containing U+0000 (NUL), which no "
+                "driver stores"
+            )
         return str(value)
 
     def build_request(
@@ -253,20 +261,28 @@ class JobHandle(Generic[I, R]):
                 path=exc.path,
             ) from None
         key = self.idempotency_key(parsed)
-        if not isinstance(key, str) or not key:
+        if not isinstance(key, str) or not key or _NUL in key:
             raise IdempotencyRequiredError(
-                f"idempotency_key(input) of {self.name} answered {key!r}; "
-                "it must be non-empty text",
+                f"idempotency_key(input) of {self.name} answered "
+                f"{'text containing U+0000 (NUL)' if isinstance(key, str) and key else repr(key)}; "
+                "it must be non-empty text without NUL (FIELD-FAILURES C22: no driver stores it)",
                 job=self.name,
             )
         declared = self.tenant_of(parsed)
         row_tenant = self._check_tenant(declared, tenant_id, actor)
         ambient = current_actor()
         enqueued_by = actor.id if actor is not None else (ambient.id if ambient else None)
+        if isinstance(enqueued_by, str) and _NUL in enqueued_by:
+            raise JobOptionsInvalidError(
+                "actor: the actor's id contains U+0000 (NUL), which no driver stores",
+                option="actor",
+            )
         delay_ms, run_at = _timing(run_at, delay)
         target_queue = self.queue if queue is None else queue
-        if not isinstance(target_queue, str) or not target_queue:
-            raise JobOptionsInvalidError("queue: must be non-empty text", option="queue")
+        if not isinstance(target_queue, str) or not target_queue.strip() or _NUL in target_queue:
+            raise JobOptionsInvalidError(
+                "queue: must be non-empty text without U+0000 (NUL)", option="queue"
+            )
         if run_id is not None and not isinstance(run_id, UUID):
             raise JobOptionsInvalidError("run_id: must be a UUID", option="run_id")
         return EnqueueRequest(
@@ -286,8 +302,17 @@ class JobHandle(Generic[I, R]):
     def _check_tenant(
         self, declared: str | None, explicit: str | None, actor: Actor | None
     ) -> str | None:
-        if explicit is not None and (not isinstance(explicit, str) or not explicit):
-            raise JobOptionsInvalidError("tenant_id: must be non-empty text", option="tenant_id")
+        if explicit is not None and (
+            not isinstance(explicit, str) or not explicit or _NUL in explicit
+        ):
+            raise JobOptionsInvalidError(
+                "tenant_id: must be non-empty text without U+0000 (NUL)", option="tenant_id"
+            )
+        if actor is not None and isinstance(actor.org_id, str) and _NUL in actor.org_id:
+            raise JobOptionsInvalidError(
+                "actor: the actor's org_id contains U+0000 (NUL), which no driver stores",
+                option="actor",
+            )
         as_org = actor.org_id if actor is not None else None
         if declared is None:
             return explicit or as_org
@@ -456,12 +481,14 @@ class JobHandle(Generic[I, R]):
 
         Raises:
             EnqueueBatchTooLargeError: ``X_JOB_ENQUEUE_BATCH_TOO_LARGE`` above
-                ``MAX_ENQUEUE_BATCH`` (10,000) inputs or with ``on_conflict="error"``.
+                ``MAX_ENQUEUE_BATCH`` (10,000) inputs.
+            JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` with ``on_conflict="error"``.
             JobsError: any of :meth:`enqueue`'s validation errors, naming the input's index.
         """
         if on_conflict != "dedupe":
-            raise EnqueueBatchTooLargeError(
-                "enqueue_many refuses on_conflict='error': a batch answers live rows as deduped",
+            raise JobOptionsInvalidError(
+                "on_conflict: enqueue_many accepts only 'dedupe' (a batch answers live rows as "
+                "deduped)",
                 option="on_conflict",
             )
         items: Sequence[Any] = inputs if isinstance(inputs, Sequence) else list(inputs)
@@ -662,10 +689,10 @@ def job(
         else:
             problems.extend(policy.problems())
         job_name = name if name is not None else _default_name(body)
-        if not isinstance(job_name, str) or not job_name.strip():
-            problems.append("name: must be non-empty text")
-        if not isinstance(queue, str) or not queue.strip():
-            problems.append("queue: must be non-empty text")
+        if not isinstance(job_name, str) or not job_name.strip() or _NUL in job_name:
+            problems.append("name: must be non-empty text without U+0000 (NUL)")
+        if not isinstance(queue, str) or not queue.strip() or _NUL in queue:
+            problems.append("queue: must be non-empty text without U+0000 (NUL)")
         if isinstance(concurrency, Concurrency):
             problems.extend(concurrency.problems())
         elif concurrency is not None and (

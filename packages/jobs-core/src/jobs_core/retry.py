@@ -48,6 +48,9 @@ class Retry:
             found.append(
                 f"retry.backoff: must be 'exponential', 'linear' or 'fixed', got {self.backoff!r}"
             )
+        for name in ("jitter", "dead_letter"):
+            if not isinstance(getattr(self, name), bool):
+                found.append(f"retry.{name}: must be True or False, got {getattr(self, name)!r}")
         for name in ("delay", "max_delay"):
             problem = duration_problem(getattr(self, name))
             if problem is not None:

@@ -38,7 +38,12 @@ class Actor:
 
 
 _actor: ContextVar[Actor | None] = ContextVar("jobs_actor", default=None)
-_crossing: ContextVar[str | None] = ContextVar("jobs_cross_tenant_reason", default=None)
+# The crossing in force: the actor that was checked on entry and the reason. The waiver holds only
+# while that actor is the ambient one, so code inside the block that switches to an actor without
+# the permission (``with acting_as(other):``) gets no waiver.
+_crossing: ContextVar[tuple[Actor, str] | None] = ContextVar(
+    "jobs_cross_tenant_reason", default=None
+)
 
 
 def current_actor() -> Actor | None:
@@ -47,8 +52,14 @@ def current_actor() -> Actor | None:
 
 
 def crossing_reason() -> str | None:
-    """Answer the reason of the :func:`cross_tenant` block in force, or ``None``."""
-    return _crossing.get()
+    """Answer the reason of the :func:`cross_tenant` block in force, or ``None``.
+
+    ``None`` too when the ambient actor is no longer the permitted actor that entered the block.
+    """
+    crossing = _crossing.get()
+    if crossing is None or _actor.get() != crossing[0]:
+        return None
+    return crossing[1]
 
 
 @contextmanager
@@ -75,7 +86,7 @@ def cross_tenant(reason: str) -> Iterator[None]:
             it lacks the ``tenancy:cross`` permission, or the reason is empty.
     """
     actor = _actor.get()
-    if not reason.strip():
+    if not isinstance(reason, str) or not reason.strip():
         raise CrossTenantForbiddenError("cross_tenant needs a non-empty reason")
     if actor is None or CROSS_TENANT_PERMISSION not in actor.permissions:
         raise CrossTenantForbiddenError(
@@ -86,7 +97,7 @@ def cross_tenant(reason: str) -> Iterator[None]:
         "jobs.tenancy.cross",
         extra={"event": "jobs.tenancy.cross", "actor": actor.id, "reason": reason},
     )
-    token = _crossing.set(reason)
+    token = _crossing.set((actor, reason))
     try:
         yield
     finally:

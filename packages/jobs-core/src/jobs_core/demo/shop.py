@@ -248,7 +248,7 @@ class NarratedStep:
             except Exception as exc:
                 self._tell("shop.step.failed", f"compensate:{name}", error=str(exc))
                 raise
-            self._tell("shop.step.compensated", f"compensate:{name}")
+            self._tell("shop.step.compensated", f"compensate:{name}", undo=compensate.__name__)
 
         return undo
 

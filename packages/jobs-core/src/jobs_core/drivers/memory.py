@@ -2,8 +2,8 @@
 
 It is a real driver, not a mock: it fences settles and step writes on the claim identity, lets
 leases lapse, buries rows whose lease lapsed on their final attempt, honours pauses, dedupes live
-keys and pages listings with cursors, as the Postgres driver does, and it must pass the whole
-conformance suite. ``jobs dev``, the demo and unit tests run on it.
+keys and pages listings with cursors, as a database-backed driver does, and it must pass the
+whole conformance suite. ``jobs dev``, the demo and unit tests run on it.
 
 Design notes (the alternatives that were rejected):
 
@@ -133,8 +133,8 @@ class _Row:
     token: int = 0
 
 
-# (instant, seq, token, row): ``seq`` is unique per row and at most one entry per row carries its
-# current token, so tuple comparison never reaches the row itself.
+# (instant, seq, token, row): ``seq`` is unique per row and one row's entries carry distinct
+# tokens, so tuple comparison never reaches the row itself.
 _Entry: TypeAlias = tuple[datetime, int, int, _Row]
 
 
@@ -262,13 +262,30 @@ def _cursor_position(cursor: str) -> tuple[datetime, int]:
         ) from exc
 
 
+def _json_equal(left: Any, right: Any) -> bool:
+    """Answer whether two decoded JSON values are equal as JSON values.
+
+    Python's ``==`` holds ``True == 1``; JSON (and Postgres ``jsonb``) does not, so booleans only
+    equal booleans, at any depth. Numbers compare by value (``1`` equals ``1.0``), as in ``jsonb``.
+    """
+    if isinstance(left, bool) or isinstance(right, bool):
+        return type(left) is type(right) and left == right
+    if isinstance(left, dict) and isinstance(right, dict):
+        return left.keys() == right.keys() and all(
+            _json_equal(v, right[k]) for k, v in left.items()
+        )
+    if isinstance(left, list) and isinstance(right, list):
+        return len(left) == len(right) and all(map(_json_equal, left, right))
+    return bool(left == right)
+
+
 def _payload_matches(match: Mapping[str, Any] | None, payload: Any) -> bool:
     """Answer whether every key of ``match`` is a top-level payload key with an equal value."""
     if not match:
         return True
     if not isinstance(payload, dict):
         return False
-    return all(key in payload and payload[key] == value for key, value in match.items())
+    return all(key in payload and _json_equal(payload[key], value) for key, value in match.items())
 
 
 def _older(rows: list[_Row], stop: int, keep: Callable[[_Row], bool]) -> Iterator[_Row]:
@@ -882,8 +899,8 @@ class MemoryEventBus:
 
         Earliest is by ``published_at``, then publish order. An event matches when it has the
         name, was published at or after ``query.since``, carries ``query.correlation_key`` when one
-        is given, and its payload has every ``query.match`` key with an equal value (the match is
-        compared in its JSON form, so a ``UUID`` matches its text).
+        is given, and its payload has every ``query.match`` key with an equal JSON value (the
+        match is compared in its JSON form: a tuple equals a list, ``True`` never equals ``1``).
 
         Raises:
             DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a naive ``since`` or a
@@ -1026,9 +1043,10 @@ class MemoryDriver:
         A request whose ``id`` names an existing row (live or finished) answers that row with
         ``deduped=True``; else one whose key a live row holds (an earlier request of this batch
         included) answers that row with ``deduped=True``; else a row is inserted. Its ``run_at``
-        is ``req.run_at``, or now plus ``req.delay_ms``; a past instant is stored as now (due at
-        once, and not older than the rows already waiting). It is ``delayed`` when ``run_at`` is
-        in the future, else ``ready``, and wake subscribers hear its queue.
+        is ``req.run_at``, or now plus ``req.delay_ms`` (a negative delay counts as 0); a past
+        instant is stored as now, so the row is due at once, behind the rows already due. It is
+        ``delayed`` when ``run_at`` is in the future, else ``ready`` (and wake subscribers hear its
+        queue).
 
         Returns:
             One result per request, in input order.

@@ -1,0 +1,456 @@
+"""The guided demo: enqueue a shop scenario, run a real worker over it, check the story.
+
+:func:`run_demo` enqueues three checkouts and a welcome series of :mod:`jobs_core.demo.shop`,
+runs a real :class:`~jobs_core.worker.Worker` on the given driver with the real clock, narrates
+each step and each settled attempt as it happens (:class:`Narrator`, fed by the library's own
+structured log records), then reads every job back through ``driver.introspect.get`` and checks
+the ending each one was meant to have, and the effects in the external systems' ledger.
+
+The scenario:
+
+* ``A-1001`` checks out first time: charged, shipped, vendor paid.
+* ``A-1002`` meets a warehouse that answers "busy" twice: two retries, and each replays the
+  charge from storage instead of charging again.
+* ``B-2001`` ships to a country the warehouse refuses (a ``terminal`` error): the run fails for
+  good, the charge's compensation refunds it, and the row is dead-lettered.
+* ``ada@acme.test`` gets a welcome e-mail, the run parks for 2 s (suspended, no attempt spent),
+  then the nudge.
+* ``A-1001`` is enqueued twice: the second enqueue answers the live row (``deduped``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from jobs_core import (
+    LIVE_STATES,
+    EnqueueResult,
+    Introspector,
+    JobDriver,
+    JobInfo,
+    JobState,
+    Worker,
+    require_capability,
+    use_driver,
+)
+from jobs_core.demo.shop import SYSTEMS, Order, Signup, checkout, welcome_series
+
+SETTLE_BUDGET_S = 20.0
+"""How long the demo waits for every job to finish before it reports failure."""
+
+_NARRATED_LOGGERS = ("jobs.worker", "jobs_core.demo")
+
+_OUTCOMES = {
+    "completed": ("→ done: acked, the row is finished", "bold green"),
+    "suspended": ("→ suspended: parked until due, attempt not spent", "magenta"),
+    "retried": ("→ retried: attempt spent, due again after the backoff", "yellow"),
+    "dead-lettered": ("→ dead-lettered: failed for good, on the dead-letter queue", "bold red"),
+}
+
+_STEP_MARKS = {"completed": "✓", "failed": "✗", "waiting": "…", "started": "?"}
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """The ending one job of the scenario must reach.
+
+    Attributes:
+        label: how the demo names the job.
+        state: its final state.
+        attempts: attempts spent.
+        code: the ``X_…`` code of its last error, when it must have one.
+        story: what it shows, in words.
+    """
+
+    label: str
+    state: JobState
+    attempts: int
+    code: str | None
+    story: str
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One verified claim of the story.
+
+    Attributes:
+        claim: what should hold, in words.
+        ok: whether it held.
+        detail: what was found when it did not.
+    """
+
+    claim: str
+    ok: bool
+    detail: str = ""
+
+
+ORDERS: tuple[tuple[Order, Expected], ...] = (
+    (
+        Order(order_id="A-1001", org_id="acme", amount_cents=4200, country="FR"),
+        Expected("checkout A-1001", JobState.DONE, 1, None, "charged, shipped, vendor paid once"),
+    ),
+    (
+        Order(order_id="A-1002", org_id="acme", amount_cents=1999, country="DE"),
+        Expected(
+            "checkout A-1002",
+            JobState.DONE,
+            3,
+            None,
+            "warehouse busy twice: retried, the charge replayed from storage",
+        ),
+    ),
+    (
+        Order(order_id="B-2001", org_id="globex", amount_cents=1300, country="AQ"),
+        Expected(
+            "checkout B-2001",
+            JobState.DEAD,
+            1,
+            "X_SHOP_UNDELIVERABLE",
+            "undeliverable: refunded by its compensation, dead-lettered",
+        ),
+    ),
+)
+"""The orders checked out, each with the ending it must reach."""
+
+SIGNUP = Signup(email="ada@acme.test", org_id="acme")
+"""The user welcomed."""
+
+SIGNUP_EXPECTED = Expected(
+    "welcome ada@acme.test",
+    JobState.DONE,
+    1,
+    None,
+    "parked 2 s between the e-mails without holding a process or an attempt",
+)
+
+BUSY_ORDER = "A-1002"
+"""The order the warehouse answers "busy" for, twice."""
+
+EXPECTED_EFFECTS: Counter[tuple[str, str]] = Counter(
+    {
+        ("charge", "A-1001"): 1,
+        ("ship", "A-1001"): 1,
+        ("payout", "A-1001"): 1,
+        ("charge", "A-1002"): 1,
+        ("ship", "A-1002"): 1,
+        ("payout", "A-1002"): 1,
+        ("charge", "B-2001"): 1,
+        ("refund", "B-2001"): 1,
+        ("email", "ada@acme.test"): 2,
+    }
+)
+"""Every effect the external systems must have performed, each exactly this often."""
+
+
+class Narrator(logging.Handler):
+    """Tells the story live: one line per step outcome and per settled attempt.
+
+    It reads the library's structured records (``jobs.attempt.settled`` from the worker) and the
+    shop's (``shop.step.*``); every other record is left to the other handlers.
+
+    Args:
+        console: where the story is printed.
+        labels: the demo's name for each job, by job id text.
+    """
+
+    def __init__(self, console: Console, labels: dict[str, str]) -> None:
+        super().__init__(logging.INFO)
+        self.console = console
+        self.labels = labels
+        self.started = time.time()
+
+    def say(self, label: str, text: str, style: str = "", *, attempt: int | None = None) -> None:
+        """Print one story line for the job called ``label``."""
+        self.console.print(self._line(time.time(), label, attempt, text, style), soft_wrap=True)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Print the story line for ``record``, if it is one the story tells."""
+        try:
+            told = self._describe(record)
+            if told is not None:
+                text, style = told
+                fields = record.__dict__
+                label = self.labels.get(str(fields.get("job_id")), str(fields.get("job", "?")))
+                attempt = fields.get("attempt")
+                self.console.print(
+                    self._line(
+                        record.created,
+                        label,
+                        attempt if isinstance(attempt, int) else None,
+                        text,
+                        style,
+                    ),
+                    soft_wrap=True,
+                )
+        except Exception:
+            self.handleError(record)
+
+    @contextmanager
+    def attached(self) -> Iterator[Narrator]:
+        """Listen to the worker's and the shop's loggers (at INFO) while the block runs."""
+        loggers = [logging.getLogger(name) for name in _NARRATED_LOGGERS]
+        levels = [logger.level for logger in loggers]
+        for logger in loggers:
+            logger.addHandler(self)
+            if logger.getEffectiveLevel() > logging.INFO:
+                logger.setLevel(logging.INFO)
+        try:
+            yield self
+        finally:
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.removeHandler(self)
+                logger.setLevel(level)
+
+    def _line(self, at: float, label: str, attempt: int | None, text: str, style: str) -> Text:
+        return Text.assemble(
+            (f"{at - self.started:6.2f}s  ", "dim"),
+            (f"{label:<22}", "bold"),
+            (f"{'' if attempt is None else f'attempt {attempt}':<11}", "dim"),
+            (text, style),
+        )
+
+    @staticmethod
+    def _describe(record: logging.LogRecord) -> tuple[str, str] | None:
+        fields = record.__dict__
+        event = fields.get("event")
+        step = fields.get("step")
+        if event == "jobs.attempt.settled":
+            outcome = str(fields.get("outcome"))
+            return _OUTCOMES.get(outcome, (f"→ {outcome}", "bold"))
+        if event == "shop.step.ran":
+            once = " (once: 'started' was stored first)" if fields.get("once") else ""
+            return f"{step}: ran now{once} → {_compact(fields.get('output'))}", "green"
+        if event == "shop.step.replayed":
+            output = _compact(fields.get("output"))
+            return f"{step}: replayed from storage, not called again → {output}", "cyan"
+        if event == "shop.step.failed":
+            return f"{step}: failed: {fields.get('error')}", "red"
+        if event == "shop.step.parked":
+            wake = datetime.fromisoformat(str(fields.get("wake_at"))).astimezone()
+            return f"{step}: parked until {wake:%H:%M:%S}, no process waits for it", "magenta"
+        if event == "shop.step.slept":
+            return f"{step}: over, the run was handed back when due", "magenta"
+        if event == "shop.step.compensated":
+            return f"{step}: compensation ran ({fields.get('undo')})", "yellow"
+        return None
+
+
+def _compact(value: object, limit: int = 70) -> str:
+    text = json.dumps(value, separators=(", ", ": "))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+async def run_demo(driver: JobDriver, console: Console) -> bool:
+    """Run the shop scenario on ``driver`` with a real worker; answer whether every check held.
+
+    Args:
+        driver: an open driver with the ``introspect`` capability (``memory://`` by default).
+        console: where the story, the ledger, the outcomes and the checks are printed.
+
+    Returns:
+        ``True`` when every job ended as expected and every effect happened exactly as often as
+        it should.
+
+    Raises:
+        NotImplementedByDriverError: ``X_NOT_IMPLEMENTED`` when the driver has no introspection.
+    """
+    introspect: Introspector = require_capability(driver, "introspect")
+    SYSTEMS.reset()
+    SYSTEMS.warehouse_busy[BUSY_ORDER] = 2
+    console.rule(f"[bold]jobs demo[/]: a shop on the {driver.name} driver")
+    console.print(
+        "Three checkouts and a welcome series are enqueued, then a real worker runs them on the "
+        f"real clock. The warehouse will answer [italic]busy[/] twice for {BUSY_ORDER}.\n"
+    )
+    labels: dict[str, str] = {}
+    expected: dict[UUID, Expected] = {}
+    started = time.monotonic()
+    with use_driver(driver), Narrator(console, labels).attached() as narrator:
+        for order, expect in ORDERS:
+            result = await checkout.enqueue(order)
+            _enqueued(narrator, labels, expect.label, result, f"checkout:{order.order_id}")
+            expected[result.id] = expect
+        result = await welcome_series.enqueue(SIGNUP)
+        _enqueued(narrator, labels, SIGNUP_EXPECTED.label, result, f"welcome:{SIGNUP.email}")
+        expected[result.id] = SIGNUP_EXPECTED
+        first, again = ORDERS[0]
+        repeat = await checkout.enqueue(first)
+        narrator.say(
+            again.label,
+            f"enqueued again → job {_short(repeat.id)}, deduped={repeat.deduped}: "
+            "one live row per idempotency key",
+            "cyan",
+        )
+        console.print()
+        worker = Worker(
+            driver,
+            queues=["orders", "emails"],
+            concurrency=4,
+            poll_interval="50ms",
+            idle_poll_max="250ms",
+        )
+        running = asyncio.create_task(worker.run())
+        try:
+            infos = await _wait_settled(introspect, list(expected), running)
+        finally:
+            await worker.stop()
+            await running
+    elapsed = time.monotonic() - started
+    console.print()
+    console.print(_ledger_table())
+    console.print(_outcome_table(expected, infos))
+    checks = _checks(expected, infos)
+    checks.append(
+        Check(
+            f"enqueueing {first.order_id} twice queued one job (the second answer was deduped)",
+            repeat.deduped and expected.get(repeat.id) is again,
+            f"deduped={repeat.deduped}, same job={expected.get(repeat.id) is again}",
+        )
+    )
+    for check in checks:
+        mark = Text("✓ ", "bold green") if check.ok else Text("✗ ", "bold red")
+        tail = Text("" if check.ok else f": {check.detail}", "red")
+        console.print(Text.assemble(mark, check.claim, tail), soft_wrap=True)
+    failed = sum(not check.ok for check in checks)
+    if failed:
+        console.print(f"\n[bold red]{failed} of {len(checks)} checks failed[/] ({elapsed:.1f} s)")
+    else:
+        console.print(f"\n[bold green]All {len(checks)} checks held[/] in {elapsed:.1f} s.")
+    return failed == 0
+
+
+def _enqueued(
+    narrator: Narrator, labels: dict[str, str], label: str, result: EnqueueResult, key: str
+) -> None:
+    labels[str(result.id)] = label
+    state = "deduped" if result.deduped else "new row"
+    narrator.say(label, f"enqueued: key {key} → job {_short(result.id)} ({state})", "blue")
+
+
+def _short(job_id: UUID) -> str:
+    # Ids are UUIDv7: the leading digits are a timestamp shared by ids minted together.
+    return f"…{str(job_id)[-8:]}"
+
+
+async def _wait_settled(
+    introspect: Introspector, ids: Sequence[UUID], running: asyncio.Task[None]
+) -> dict[UUID, JobInfo]:
+    """Poll until no job of ``ids`` is live, the budget is spent, or the worker died."""
+    deadline = time.monotonic() + SETTLE_BUDGET_S
+    while True:
+        if running.done():
+            running.result()
+        infos: dict[UUID, JobInfo] = {}
+        for job_id in ids:
+            info = await introspect.get(job_id)
+            if info is not None:
+                infos[job_id] = info
+        settled = all(job_id in infos and infos[job_id].state not in LIVE_STATES for job_id in ids)
+        if settled or time.monotonic() > deadline:
+            return infos
+        await asyncio.sleep(0.05)
+
+
+def _ledger_table() -> Table:
+    table = Table(title="External systems: every effect, in order", title_justify="left")
+    for column in ("#", "system", "action", "for", "detail"):
+        table.add_column(column)
+    for n, effect in enumerate(SYSTEMS.ledger, start=1):
+        table.add_row(str(n), effect.system, effect.action, effect.ref, effect.detail)
+    return table
+
+
+def _outcome_table(expected: dict[UUID, Expected], infos: dict[UUID, JobInfo]) -> Table:
+    table = Table(
+        title="Outcomes, read back through driver.introspect.get(id)", title_justify="left"
+    )
+    for column in ("job", "tenant", "state", "attempts", "steps", "last error"):
+        table.add_column(column)
+    styles = {JobState.DONE: "green", JobState.DEAD: "red"}
+    for job_id, expect in expected.items():
+        info = infos.get(job_id)
+        if info is None:
+            table.add_row(expect.label, "", "[red]missing[/]", "", "", "")
+            continue
+        error = info.last_error or ""
+        if info.last_error_code:
+            error = f"{info.last_error_code}: {error}"
+        table.add_row(
+            expect.label,
+            info.tenant_id or "",
+            Text(str(info.state), styles.get(info.state, "yellow")),
+            str(info.attempt),
+            "\n".join(_step_text(step.name, step.status, step.attempts) for step in info.steps),
+            error,
+        )
+    return table
+
+
+def _step_text(name: str, status: str, failures: int) -> str:
+    text = f"{name} {_STEP_MARKS.get(status, status)}"
+    if status == "completed" and failures:
+        text += f" (after {failures} failed {'call' if failures == 1 else 'calls'})"
+    return text
+
+
+def _checks(expected: dict[UUID, Expected], infos: dict[UUID, JobInfo]) -> list[Check]:
+    checks: list[Check] = []
+    for job_id, expect in expected.items():
+        info = infos.get(job_id)
+        claim = (
+            f"{expect.label} is {expect.state} after {expect.attempts} "
+            f"{'attempt' if expect.attempts == 1 else 'attempts'}: {expect.story}"
+        )
+        if info is None:
+            checks.append(Check(claim, False, "no such job"))
+            continue
+        found = f"{info.state} after {info.attempt}, last error {info.last_error_code}"
+        ok = info.state == expect.state and info.attempt == expect.attempts
+        if expect.code is not None:
+            ok = ok and info.last_error_code == expect.code
+        checks.append(Check(claim, ok, found))
+    effects = Counter((effect.action, effect.ref) for effect in SYSTEMS.ledger)
+    diff = {
+        f"{action} {ref}": f"{effects[(action, ref)]}x, expected {EXPECTED_EFFECTS[(action, ref)]}x"
+        for action, ref in sorted(set(effects) | set(EXPECTED_EFFECTS))
+        if effects[(action, ref)] != EXPECTED_EFFECTS[(action, ref)]
+    }
+    checks.append(
+        Check(
+            "the ledger holds exactly the expected effects: one charge per order despite the "
+            "retries, one refund for the dead-lettered order, payouts only for shipped orders",
+            not diff,
+            "; ".join(f"{k}: {v}" for k, v in diff.items()),
+        )
+    )
+    calls = SYSTEMS.warehouse_calls.get(BUSY_ORDER, 0)
+    checks.append(
+        Check(
+            f"the warehouse was called 3 times for {BUSY_ORDER} (busy, busy, shipped)",
+            calls == 3,
+            f"{calls} calls",
+        )
+    )
+    mails = [e.at for e in SYSTEMS.ledger if e.action == "email" and e.ref == SIGNUP.email]
+    gap = mails[1] - mails[0] if len(mails) == 2 else 0.0
+    checks.append(
+        Check(
+            f"the nudge went out at least 2 s after the welcome e-mail ({gap:.2f} s)",
+            gap >= 2.0,
+            f"{len(mails)} e-mails",
+        )
+    )
+    return checks

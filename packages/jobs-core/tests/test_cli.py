@@ -1,0 +1,285 @@
+"""The ``jobs`` command: the demo, a worker's start/drain/exit, its errors, and plugins."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from jobs_core import cli
+
+JOBS = [sys.executable, "-m", "jobs_core.cli"]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "COLUMNS")}
+    env["NO_COLOR"] = "1"
+    return env
+
+
+def _jobs(
+    *args: str, cwd: Path | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*JOBS, *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_demo_runs_the_whole_story_and_exits_0_quickly() -> None:
+    started = time.monotonic()
+    done = _jobs("demo")
+    elapsed = time.monotonic() - started
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert elapsed < 30
+    out = done.stdout
+    for expected in (
+        # Every job, and the state the outcome table reads back for it.
+        "checkout A-1001",
+        "checkout A-1002",
+        "checkout B-2001",
+        "welcome ada@acme.test",
+        "done",
+        "dead",
+        # What happened on the way, narrated from the library's own records.
+        "enqueued again",
+        "deduped=True",
+        "replayed from storage, not called again",
+        "→ retried",
+        "→ suspended",
+        "parked until",
+        "compensate:charge: compensation ran (refund_charge)",
+        "→ dead-lettered",
+        "X_SHOP_UNDELIVERABLE",
+        "once: 'started' was stored first",
+        # The ledger and the verdict.
+        "refund",
+        "payout",
+        "checks held",
+    ):
+        assert expected in out, f"{expected!r} missing from the demo's output:\n{out}"
+    assert not [line for line in out.splitlines() if line.startswith("✗")]
+
+
+TINY_APP = """
+    from pathlib import Path
+
+    from pydantic import BaseModel
+
+    from jobs_core import CancelSignal, job
+
+
+    class Note(BaseModel):
+        path: str
+        text: str
+
+
+    @job(input=Note, idempotency_key=lambda n: n.path, tenant="none")
+    async def write_note(note, step, ctx):
+        await step.run("write", lambda: Path(note.path).write_text(note.text))
+
+
+    async def wait_for_cancel(cancel: CancelSignal) -> None:
+        await cancel.wait()
+        cancel.raise_if_cancelled()
+
+
+    @job(input=Note, idempotency_key=lambda n: n.path, tenant="none", queue="slow")
+    async def block(note, step, ctx):
+        await step.run("started", lambda: Path(note.path).write_text(note.text))
+        await step.run("block", wait_for_cancel)
+
+
+    # The CLI installs the driver before it imports APP, so import-time enqueues are served.
+    write_note.enqueue_sync(Note(path="note.txt", text="hello"))
+    block.enqueue_sync(Note(path="started.txt", text="go"))
+"""
+
+
+@pytest.fixture
+def tiny_app(tmp_path: Path) -> Path:
+    (tmp_path / "tinyapp.py").write_text(textwrap.dedent(TINY_APP))
+    return tmp_path
+
+
+def _wait_for(paths: list[Path], proc: subprocess.Popen[str], budget: float = 15) -> None:
+    deadline = time.monotonic() + budget
+    while not all(p.exists() for p in paths):
+        if proc.poll() is not None:
+            pytest.fail(f"the worker exited early ({proc.returncode}): {proc.communicate()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no {paths} after {budget} s: {proc.communicate()}")
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("command", ["worker", "dev"])
+def test_worker_runs_app_jobs_and_drains_on_sigterm(tiny_app: Path, command: str) -> None:
+    proc = subprocess.Popen(
+        [*JOBS, command, "tinyapp", "--driver", "memory://", "--drain-timeout", "5s"],
+        cwd=tiny_app,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for([tiny_app / "note.txt", tiny_app / "started.txt"], proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+    assert proc.returncode == 0, err
+    assert (tiny_app / "note.txt").read_text() == "hello"
+    assert "jobs.worker.started" in err
+    assert "queues=default,slow" in err
+    assert "job=tinyapp.write_note" in err and "outcome=completed" in err
+    assert "jobs.worker.draining signal=SIGTERM in_flight=1" in err
+    # The blocked body honoured its cancel signal: handed back, its attempt not spent.
+    assert "job=tinyapp.block" in err and "outcome=interrupted" in err
+    assert "jobs.worker.stopped" in err
+    assert err.index("jobs.worker.draining") < err.index("jobs.worker.stopped")
+
+
+def test_worker_names_an_app_that_does_not_import(tmp_path: Path) -> None:
+    done = _jobs("worker", "no_such_app.jobs", "--driver", "memory://", cwd=tmp_path)
+
+    assert done.returncode == 2
+    assert "'no_such_app.jobs' is not an importable module" in done.stderr
+    assert "ModuleNotFoundError" in done.stderr
+
+
+def test_worker_shows_where_an_app_raised_on_import(tmp_path: Path) -> None:
+    (tmp_path / "brokenapp.py").write_text("import json\n\nraise RuntimeError('boom')\n")
+
+    done = _jobs("worker", "brokenapp", "--driver", "memory://", cwd=tmp_path)
+
+    assert done.returncode == 2
+    assert "importing APP 'brokenapp' failed" in done.stderr
+    assert 'brokenapp.py", line 3' in done.stderr
+    assert "RuntimeError: boom" in done.stderr
+    assert "importlib" not in done.stderr
+
+
+def test_worker_prints_code_and_fix_of_a_declaration_error(tmp_path: Path) -> None:
+    (tmp_path / "badjob.py").write_text(
+        "from jobs_core import job\n\n@job(input=int, tenant='none')\n"
+        "async def f(i, step, ctx): ...\n"
+    )
+
+    done = _jobs("worker", "badjob", "--driver", "memory://", cwd=tmp_path)
+
+    assert done.returncode == 2
+    assert "X_IDEMPOTENCY_REQUIRED" in done.stderr
+    assert "fix: Pass idempotency_key=" in done.stderr
+
+
+def test_worker_refuses_an_unknown_driver_scheme(tiny_app: Path) -> None:
+    done = _jobs("worker", "tinyapp", "--driver", "nosuch://host", cwd=tiny_app)
+
+    assert done.returncode == 2
+    assert "X_DRIVER_UNKNOWN" in done.stderr
+    assert "nosuch://" in done.stderr
+    assert "fix:" in done.stderr
+
+
+def test_worker_refuses_a_bad_duration_option(tiny_app: Path) -> None:
+    done = _jobs(
+        "worker", "tinyapp", "--driver", "memory://", "--visibility-timeout", "0s", cwd=tiny_app
+    )
+
+    assert done.returncode == 2
+    assert "X_JOB_OPTIONS_INVALID" in done.stderr
+    assert "visibility_timeout" in done.stderr
+
+
+HELLO_PLUGIN = """
+    import typer
+
+
+    def register(app: typer.Typer) -> None:
+        @app.command("hello")
+        def hello() -> None:
+            \"\"\"Say hello.\"\"\"
+            typer.echo("hello from a plugin")
+"""
+
+
+@pytest.fixture
+def plugins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "hello_plugin.py").write_text(textwrap.dedent(HELLO_PLUGIN))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    eps = [
+        EntryPoint("hello", "hello_plugin:register", cli.ENTRY_POINT_GROUP),
+        EntryPoint("pg", "jobs_pg_not_installed.cli:register", cli.ENTRY_POINT_GROUP),
+    ]
+    monkeypatch.setattr(cli, "entry_points", lambda group: [ep for ep in eps if ep.group == group])
+
+
+def test_plugins_add_commands_and_a_broken_one_explains_itself(plugins: None) -> None:
+    app = cli.create_app()
+    runner = CliRunner()
+
+    hello = runner.invoke(app, ["hello"])
+    assert hello.exit_code == 0
+    assert "hello from a plugin" in hello.output
+
+    broken = runner.invoke(app, ["pg", "migrate"])
+    assert broken.exit_code == 2
+    assert "the 'pg' commands" in broken.output
+    assert "failed to load: ModuleNotFoundError" in broken.output
+
+    listing = runner.invoke(app, ["--help"])
+    assert listing.exit_code == 0
+    assert "hello" in listing.output
+    assert "Unavailable" in listing.output
+
+
+def test_broken_plugin_does_not_stop_the_builtin_commands(plugins: None) -> None:
+    done = CliRunner().invoke(cli.create_app(), ["worker", "--help"])
+
+    assert done.exit_code == 0
+    assert "--visibility-timeout" in done.output
+
+
+def test_log_handler_renders_the_event_and_its_fields() -> None:
+    console = Console(record=True, width=200, no_color=True)
+    handler = cli.RichLogHandler(console)
+    record = logging.LogRecord(
+        "jobs.worker", logging.ERROR, __file__, 1, "jobs.lease.lost", None, None
+    )
+    record.__dict__.update(
+        {
+            "event": "jobs.lease.lost",
+            "job": "shop.checkout",
+            "queues": ["a", "b"],
+            "note": "two words",
+        }
+    )
+
+    line = handler.render(record).plain
+
+    assert "ERROR" in line
+    assert "jobs.lease.lost" in line
+    assert "job=shop.checkout" in line
+    assert "queues=a,b" in line
+    assert "note='two words'" in line
