@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import logging
 import os
 import signal
@@ -116,7 +117,7 @@ class RichLogHandler(logging.Handler):
 
 def _field_text(value: object) -> str:
     if isinstance(value, Mapping):
-        return ",".join(f"{k}:{v}" for k, v in value.items())
+        return json.dumps(value, separators=(",", ":"), default=str)
     if isinstance(value, list | tuple | set | frozenset):
         return ",".join(str(item) for item in value)
     text = str(value)
@@ -487,7 +488,7 @@ def create_app(*, plugins: bool = True) -> typer.Typer:
 
 def main() -> None:
     """Run the ``jobs`` command (the console-script entry point)."""
-    create_app()()
+    create_app()(prog_name="jobs")
 
 
 if __name__ == "__main__":

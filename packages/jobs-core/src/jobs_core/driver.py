@@ -28,8 +28,10 @@ from uuid import UUID
 
 from jobs_core.errors import DriverUnknownError, NotImplementedByDriverError
 from jobs_core.types import (
+    BulkResult,
     ClaimedJob,
     ClaimRequest,
+    CounterBucket,
     EnqueueRequest,
     EnqueueResult,
     Fence,
@@ -59,6 +61,7 @@ CAPABILITIES: tuple[str, ...] = (
     "scheduler_state",
     "leader",
     "workers",
+    "counters",
 )
 """Every optional capability a driver may declare, by attribute name."""
 
@@ -78,7 +81,7 @@ class StepStore(Protocol):
     async def write(self, write: StepWrite) -> bool:
         """Insert or replace one step record (by ``run_id`` and name).
 
-        The store assigns ``seq`` on first insert (the count of the run's steps so far) and keeps
+        The store assigns ``seq`` on first insert (one past the run's highest seq) and keeps
         it on replacement. Answers ``False``, writing nothing, when the fence does not hold.
         """
         ...
@@ -149,7 +152,8 @@ class JobDriver(Protocol):
     async def nack(self, job_id: UUID, opts: NackOptions) -> bool:
         """Settle a row in :func:`~jobs_core.types.nack_state` of ``opts``; fenced like :meth:`ack`.
 
-        ``count_attempt`` decides whether the attempt is spent; ``delay_ms`` sets ``run_at`` for
+        ``count_attempt`` decides whether the attempt is spent (a park never spends one);
+        ``delay_ms`` sets ``run_at`` for
         ``ready``/``delayed``/``suspended``.
         """
         ...
@@ -239,6 +243,53 @@ class Introspector(Protocol):
     # ``builtins.list``: inside this class body ``list`` names the method above.
     async def paused_queues(self) -> builtins.list[str]:
         """Answer the paused queues, sorted."""
+
+    async def requeue(self, job_id: UUID, from_step: str | None = None) -> JobInfo:
+        """Queue a FINISHED job again as a new attempt budget of the same run.
+
+        ``from_step`` deletes that step and every later one (by ``seq``) in the same write, so the
+        run replays from there; without it every step is kept (compensators too, so a dead
+        saga's unwind is not repeated). The row becomes ``ready`` with ``attempt`` 0.
+
+        Raises:
+            JobNotFoundError: ``X_JOB_NOT_FOUND``.
+            JobNotRequeueableError: ``X_JOB_NOT_REQUEUEABLE`` for a live row.
+            JobDuplicateError: ``X_JOB_DUPLICATE`` when another live row holds its key.
+        """
+        ...
+
+    async def remove(self, job_id: UUID) -> None:
+        """Delete a job and its steps.
+
+        Raises:
+            JobNotFoundError: ``X_JOB_NOT_FOUND``.
+            JobNotRemovableError: ``X_JOB_NOT_REMOVABLE`` for a running row.
+        """
+        ...
+
+    async def promote(self, job_id: UUID) -> JobInfo:
+        """Make a row waiting on ``run_at`` (``delayed`` or ``suspended``) due now.
+
+        Raises:
+            JobNotFoundError: ``X_JOB_NOT_FOUND``.
+            JobNotPromotableError: ``X_JOB_NOT_PROMOTABLE`` otherwise.
+        """
+        ...
+
+    async def requeue_many(self, flt: JobFilter) -> BulkResult:
+        """Requeue up to ``BULK_LIMIT`` (1,000) finished rows matching ``flt``.
+
+        Rows whose key a live row holds stay. Call until ``remaining`` is 0.
+        """
+        ...
+
+    async def remove_many(self, flt: JobFilter) -> BulkResult:
+        """Remove up to 1,000 non-running rows matching ``flt``."""
+        ...
+
+    async def promote_many(self, flt: JobFilter) -> BulkResult:
+        """Promote up to 1,000 waiting rows matching ``flt``."""
+        ...
         ...
 
 
@@ -468,6 +519,27 @@ class WorkerRegistry(Protocol):
 
     async def list(self) -> list[WorkerInfo]:
         """Answer the unexpired workers, sorted by id."""
+        ...
+
+
+@runtime_checkable
+class CounterStore(Protocol):
+    """Per-job outcome counters in tiers: 1 min kept 24 h, 5 min kept 7 d, 1 h kept 30 d.
+
+    Settles add to the current 1-minute bucket (on pg in the settle statement itself);
+    :meth:`rollup` folds old buckets into the coarser tiers and drops expired ones.
+    """
+
+    async def counters(self, name: str, since: datetime) -> list[CounterBucket]:
+        """Answer one job's buckets from ``since`` on, oldest first (at most 4,176)."""
+        ...
+
+    async def totals(self, since: datetime) -> dict[str, CounterBucket]:
+        """Answer per job name the sums of every bucket from ``since`` on."""
+        ...
+
+    async def rollup(self) -> int:
+        """Fold and expire buckets; answer how many rows changed."""
         ...
 
 

@@ -532,3 +532,49 @@ class WorkerInfo:
     in_flight: tuple[UUID, ...] = ()
     last_heartbeat: datetime | None = None
     draining_at: datetime | None = None
+
+
+BULK_LIMIT = 1_000
+"""The most rows one bulk operator call touches."""
+
+
+@dataclass(frozen=True, slots=True)
+class BulkResult:
+    """What a bulk operator call did.
+
+    Attributes:
+        affected: rows changed by this call (at most ``BULK_LIMIT``).
+        remaining: rows still matching afterwards that the operation would change ("call until
+            zero" terminates).
+    """
+
+    affected: int
+    remaining: int
+
+
+CounterTier = Literal["1m", "5m", "1h"]
+
+
+@dataclass(frozen=True, slots=True)
+class CounterBucket:
+    """Outcome counts of one job name in one time bucket.
+
+    Attributes:
+        name: the job name.
+        tier: ``1m``, ``5m`` or ``1h``.
+        bucket: the bucket's first instant (UTC).
+        done: rows settled ``done``.
+        retried: attempts retried.
+        failed: rows settled ``failed``.
+        dead: rows settled ``dead``.
+        duration_ms: the sum of completed attempts' durations.
+    """
+
+    name: str
+    tier: CounterTier
+    bucket: datetime
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+    dead: int = 0
+    duration_ms: float = 0.0

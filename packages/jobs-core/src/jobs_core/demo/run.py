@@ -172,29 +172,23 @@ class Narrator(logging.Handler):
         self.labels = labels
         self.started = time.time()
 
-    def say(self, label: str, text: str, style: str = "", *, attempt: int | None = None) -> None:
-        """Print one story line for the job called ``label``."""
-        self.console.print(self._line(time.time(), label, attempt, text, style), soft_wrap=True)
+    def say(self, label: str, text: str, style: str = "") -> None:
+        """Print one story line, outside any attempt, for the job called ``label``."""
+        self.console.print(self._line(time.time(), label, None, text, style), soft_wrap=True)
 
     def emit(self, record: logging.LogRecord) -> None:
         """Print the story line for ``record``, if it is one the story tells."""
         try:
             told = self._describe(record)
-            if told is not None:
-                text, style = told
-                fields = record.__dict__
-                label = self.labels.get(str(fields.get("job_id")), str(fields.get("job", "?")))
-                attempt = fields.get("attempt")
-                self.console.print(
-                    self._line(
-                        record.created,
-                        label,
-                        attempt if isinstance(attempt, int) else None,
-                        text,
-                        style,
-                    ),
-                    soft_wrap=True,
-                )
+            if told is None:
+                return
+            fields = record.__dict__
+            label = self.labels.get(str(fields.get("job_id")), str(fields.get("job", "?")))
+            attempt = fields.get("attempt")
+            line = self._line(
+                record.created, label, attempt if isinstance(attempt, int) else None, *told
+            )
+            self.console.print(line, soft_wrap=True)
         except Exception:
             self.handleError(record)
 

@@ -227,7 +227,8 @@ class NarratedStep:
         except Exception as exc:
             self._tell("shop.step.failed", name, error=str(exc))
             raise
-        self._tell("shop.step.ran" if ran else "shop.step.replayed", name, output=output, once=once)
+        flags = {"once": True} if once else {}
+        self._tell("shop.step.ran" if ran else "shop.step.replayed", name, output=output, **flags)
         return output
 
     async def sleep(self, duration: Duration) -> None:
