@@ -243,6 +243,7 @@ class Introspector(Protocol):
     # ``builtins.list``: inside this class body ``list`` names the method above.
     async def paused_queues(self) -> builtins.list[str]:
         """Answer the paused queues, sorted."""
+        ...
 
     async def requeue(self, job_id: UUID, from_step: str | None = None) -> JobInfo:
         """Queue a FINISHED job again as a new attempt budget of the same run.
@@ -289,7 +290,6 @@ class Introspector(Protocol):
 
     async def promote_many(self, flt: JobFilter) -> BulkResult:
         """Promote up to 1,000 waiting rows matching ``flt``."""
-        ...
         ...
 
 
