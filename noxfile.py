@@ -1,6 +1,8 @@
 """The test matrix: lint, typing, each package's tests, and the demo.
 
-``nox`` runs the default sessions (lint, typecheck, tests); ``nox -s demo`` runs the demo.
+``nox`` runs the default sessions (lint, typecheck, tests, conformance-memory); ``nox -s demo``
+runs the demo. Each driver package adds a ``conformance-<driver>`` session that runs the
+jobs-conformance suite against its driver (its tests' conftest opts in; ``-m conformance``).
 Every tool and test dependency is pinned once, in ``PINS``, so sessions never disagree.
 """
 
@@ -25,7 +27,7 @@ CONFORMANCE = "conformance"
 
 TEST_DEPS = [PINS["pytest"], PINS["pytest-asyncio"], PINS["pytest-timeout"], PINS["hypothesis"]]
 
-nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.sessions = ["lint", "typecheck", "tests", "conformance-memory"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -49,9 +51,18 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """Run jobs-core's tests, slow (soak and benchmark) tests excluded."""
+    """Run jobs-core's tests, slow (soak and benchmark) tests and the conformance suite excluded."""
     session.install("-e", CORE, "-e", CONFORMANCE, *TEST_DEPS)
-    session.run("pytest", f"{CORE}/tests", "-m", "not slow", "-q", *session.posargs)
+    session.run(
+        "pytest", f"{CORE}/tests", "-m", "not slow and not conformance", "-q", *session.posargs
+    )
+
+
+@nox.session(name="conformance-memory", python=PYTHON)
+def conformance_memory(session: nox.Session) -> None:
+    """Run the jobs-conformance suite against the memory driver (jobs-core's tests opt in)."""
+    session.install("-e", CORE, "-e", CONFORMANCE, *TEST_DEPS)
+    session.run("pytest", f"{CORE}/tests", "-m", "conformance", "-q", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -59,3 +70,40 @@ def demo(session: nox.Session) -> None:
     """Run the jobs-core demo on the memory driver."""
     session.install("-e", CORE)
     session.run("jobs", "demo", *session.posargs)
+
+
+# The benchmark session (issue 8): never in the default sessions, and the only place the peer
+# libraries are installed, so no test session can import one by accident.
+BENCH_PINS = {
+    "psycopg": "psycopg[binary]==3.3.9",
+    "redis": "redis==8.1.0",
+    "pyinstrument": "pyinstrument==5.1.3",
+}
+BENCH_PEERS = [
+    "procrastinate==3.10.0",
+    "pgqueuer[asyncpg]==1.6.0",
+    "asyncpg==0.32.0",
+    "dbos==3.4.0",
+    "arq==0.28.0",
+    "rq==3.0.0",
+    "dramatiq[redis]==2.2.1",
+]
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Run the benchmarks in bench/ (``nox -s bench -- --quick``; ``--peers`` adds the peers).
+
+    Installs jobs-core and, when their packages exist, jobs-pg and jobs-redis (editable), the
+    floors' clients and the profiler; the pinned peers only when ``--peers`` is passed.
+    """
+    from pathlib import Path
+
+    packages = ["-e", CORE]
+    for sibling in ("packages/jobs-pg", "packages/jobs-redis"):
+        if (Path(sibling) / "pyproject.toml").exists():
+            packages += ["-e", sibling]
+    session.install(*packages, *BENCH_PINS.values())
+    if "--peers" in session.posargs:
+        session.install(*BENCH_PEERS)
+    session.run("python", "-m", "bench", *session.posargs)

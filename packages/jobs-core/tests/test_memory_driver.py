@@ -15,6 +15,7 @@ import pytest
 
 from jobs_core.driver import (
     CAPABILITIES,
+    CounterStore,
     EventBus,
     EventQuery,
     Introspector,
@@ -25,6 +26,7 @@ from jobs_core.driver import (
     StepResolution,
     StepStore,
     WakeSource,
+    WorkerRegistry,
     open_driver,
 )
 from jobs_core.drivers.memory import MemoryDriver, open_memory_driver
@@ -154,14 +156,26 @@ async def test_protocols_capabilities_and_describe(mem: MemoryDriver) -> None:
     assert isinstance(mem.leases, LeaseStore)
     assert isinstance(mem.events, EventBus)
     assert isinstance(mem.wake, WakeSource)
+    assert isinstance(mem.workers, WorkerRegistry)
+    assert isinstance(mem.counters, CounterStore)
     assert mem.events.wakes_waiters is True
     assert mem.name == "memory"
-    assert mem.capabilities == {"introspect", "leases", "events", "wake"}
+    carried = {
+        "introspect",
+        "leases",
+        "events",
+        "wake",
+        "workers",
+        "counters",
+        "scheduler_state",
+        "leader",
+    }
+    assert mem.capabilities == carried
     described = mem.describe()
     assert described == {
         "name": "memory",
-        "capabilities": ["events", "introspect", "leases", "wake"],
-        "not_applicable": sorted(set(CAPABILITIES) - mem.capabilities),
+        "capabilities": sorted(carried),
+        "not_applicable": sorted(set(CAPABILITIES) - carried),
     }
 
 

@@ -21,11 +21,22 @@ from jobs_core.driver import (
     require_capability,
 )
 from jobs_core.errors import JobsError, classify
-from jobs_core.events import publish_event
+from jobs_core.events import events_purge_target, publish_event, reset_event_bus
 from jobs_core.job import REGISTRY, JobHandle, JobRegistry, Settled, job
 from jobs_core.limits import Concurrency, Limits
+from jobs_core.outbox import (
+    MemoryOutboxStore,
+    MemoryTransaction,
+    Outbox,
+    Relay,
+    install_outbox,
+    uninstall_outbox,
+    use_outbox,
+)
 from jobs_core.retry import Retry, retry_schedule
+from jobs_core.scheduler import Scheduler
 from jobs_core.steps import Step, SyncStep
+from jobs_core.task import TASK_REGISTRY, CatchUp, TaskHandle, TaskRegistry, next_task_run, task
 from jobs_core.tenancy import Actor, acting_as, cross_tenant, current_actor
 from jobs_core.types import (
     LIVE_STATES,
@@ -53,9 +64,11 @@ __all__ = [
     "REGISTRY",
     "REQUEUEABLE_STATES",
     "SYSTEM_CLOCK",
+    "TASK_REGISTRY",
     "UNWIND_MARGIN",
     "Actor",
     "CancelSignal",
+    "CatchUp",
     "Clock",
     "Concurrency",
     "Duration",
@@ -73,13 +86,20 @@ __all__ = [
     "JobsError",
     "LeaseStore",
     "Limits",
+    "MemoryOutboxStore",
+    "MemoryTransaction",
+    "Outbox",
     "QueueStats",
+    "Relay",
     "Retry",
+    "Scheduler",
     "Settled",
     "Step",
     "StepStore",
     "SyncStep",
     "SystemClock",
+    "TaskHandle",
+    "TaskRegistry",
     "Worker",
     "WorkerStats",
     "acting_as",
@@ -88,12 +108,19 @@ __all__ = [
     "cross_tenant",
     "current_actor",
     "current_driver",
+    "events_purge_target",
     "install_driver",
+    "install_outbox",
     "job",
     "nack_state",
+    "next_task_run",
     "open_driver",
     "publish_event",
     "require_capability",
+    "reset_event_bus",
     "retry_schedule",
+    "task",
+    "uninstall_outbox",
     "use_driver",
+    "use_outbox",
 ]

@@ -23,17 +23,23 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from importlib.metadata import EntryPoint, entry_points
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn, Protocol
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
 from jobs_core import REGISTRY, JobDriver, JobsError, Worker, install_driver, open_driver
+from jobs_core.driver import OutboxStore, capability
+from jobs_core.errors import JobOptionsInvalidError, NotImplementedByDriverError
+from jobs_core.metrics import JobsMetrics, MetricsServer
+from jobs_core.outbox import Relay, installed_outbox
+from jobs_core.scheduler import Scheduler
+from jobs_core.task import TASK_REGISTRY
 
 ENTRY_POINT_GROUP = "jobs.cli"
 """The entry-point group through which sibling distributions add commands."""
@@ -142,17 +148,20 @@ _log = logging.getLogger("jobs.cli")
 _stderr = Console(stderr=True)
 
 
-def _exit_with(error: BaseException, heading: str, *, trace: bool = False) -> NoReturn:
+def _exit_with(
+    error: BaseException, heading: str, *, trace: bool = False, fix: str | None = None
+) -> NoReturn:
     """Print an error the user can fix and exit 2.
 
-    A ``JobsError`` shows its code, message and fix; another error its type and message, or with
-    ``trace`` the traceback from the first frame outside the import machinery.
+    A ``JobsError`` shows its code, message and fix (``fix`` replaces the registry's generic one
+    when the command knows better); another error its type and message, or with ``trace`` the
+    traceback from the first frame outside the import machinery.
     """
     if isinstance(error, JobsError):
         _stderr.print(Text.assemble(("error ", "bold red"), (error.code, "bold"), f": {heading}"))
         _stderr.print(Text(error.message), soft_wrap=True)
-        if error.fix:
-            _stderr.print(Text.assemble(("fix: ", "bold"), error.fix), soft_wrap=True)
+        if fix or error.fix:
+            _stderr.print(Text.assemble(("fix: ", "bold"), fix or error.fix), soft_wrap=True)
     else:
         _stderr.print(Text.assemble(("error", "bold red"), f": {heading}"), soft_wrap=True)
         detail = _app_traceback(error) if trace else f"{type(error).__name__}: {error}"
@@ -207,6 +216,34 @@ def _queue_list(queues: str | None) -> list[str]:
     return sorted({handle.queue for handle in REGISTRY.all()}) or ["default"]
 
 
+class _Role(Protocol):
+    """A long-running role that ``jobs dev`` runs beside its worker (scheduler, relay)."""
+
+    async def run(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def _dev_roles(driver: JobDriver) -> list[_Role]:
+    """Answer the roles ``jobs dev`` runs beside the worker, built after APP was imported.
+
+    The scheduler runs when APP declares tasks (the driver must carry ``scheduler_state``); a
+    relay runs when APP installed an outbox (:func:`~jobs_core.outbox.install_outbox`), which is
+    how a memory outbox gets published at all.
+
+    Raises:
+        NotImplementedByDriverError: ``X_NOT_IMPLEMENTED`` when APP declares tasks and the
+            driver keeps no scheduler state.
+    """
+    roles: list[_Role] = []
+    if TASK_REGISTRY.all():
+        roles.append(Scheduler(driver))
+    outbox = installed_outbox()
+    if outbox is not None:
+        roles.append(outbox.relay())
+    return roles
+
+
 async def _serve(
     driver: JobDriver,
     *,
@@ -214,22 +251,43 @@ async def _serve(
     concurrency: int,
     visibility_timeout: str,
     drain_timeout: str,
+    roles: Callable[[JobDriver], Sequence[_Role]] | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
+    build: str = "",
 ) -> None:
     """Run a worker until a SIGTERM or SIGINT drain (or a stop) ends it, then close the driver.
 
+    With ``metrics_port`` the worker records into its own :class:`JobsMetrics`, served over HTTP
+    on ``metrics_host:metrics_port`` until the worker returns.
+
+    ``roles`` builds companions (``jobs dev``: the scheduler) that run beside the worker; a
+    signal stops them while the worker drains, and they are stopped when it returns.
+
     Raises:
         JobsError: the worker's options are bad (``X_JOB_OPTIONS_INVALID``) or it cannot run
-            (e.g. ``X_JOB_CONCURRENCY_UNENFORCEABLE``).
+            (e.g. ``X_JOB_CONCURRENCY_UNENFORCEABLE``), or a role cannot be built.
     """
     loop = asyncio.get_running_loop()
+    # Held here: the loop keeps only weak references to tasks.
+    companions: list[asyncio.Task[None]] = []
+    stopping: list[asyncio.Task[None]] = []
+    built: Sequence[_Role] = ()
+    server: MetricsServer | None = None
     try:
+        built = roles(driver) if roles is not None else ()
+        metrics = JobsMetrics() if metrics_port is not None else None
         worker = Worker(
             driver,
             queues=queues,
             concurrency=concurrency,
             visibility_timeout=visibility_timeout,
             drain_timeout=drain_timeout,
+            build=build,
+            metrics=metrics,
         )
+        if metrics is not None and metrics_port is not None:
+            server = _serve_metrics(metrics, metrics_port, metrics_host)
 
         def on_signal(signum: signal.Signals) -> None:
             _log.info(
@@ -242,10 +300,12 @@ async def _serve(
                 },
             )
             worker.request_drain()
+            stopping.extend(loop.create_task(role.stop()) for role in built)
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, on_signal, signum)
         running = loop.create_task(worker.run())
+        companions.extend(loop.create_task(role.run()) for role in built)
         _log.info(
             "jobs.worker.started",
             extra={
@@ -269,7 +329,31 @@ async def _serve(
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+        if companions:
+            await asyncio.gather(*(role.stop() for role in built), *stopping)
+            await asyncio.gather(*companions)
+        if server is not None:
+            server.close()
         await driver.close()
+
+
+def _serve_metrics(metrics: JobsMetrics, port: int, host: str) -> MetricsServer:
+    """Serve ``metrics`` on ``host:port`` and log where.
+
+    Raises:
+        JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` when the address cannot be bound.
+    """
+    try:
+        server = metrics.serve(port, host)
+    except OSError as exc:
+        raise JobOptionsInvalidError(
+            f"--metrics-port: cannot serve metrics on {host}:{port}: {exc}", option="metrics_port"
+        ) from None
+    _log.info(
+        "jobs.metrics.serving",
+        extra={"event": "jobs.metrics.serving", "host": server.host, "port": server.port},
+    )
+    return server
 
 
 def _run_worker(
@@ -280,8 +364,13 @@ def _run_worker(
     visibility_timeout: str,
     drain_timeout: str,
     log_level: LogLevel,
+    roles: Callable[[JobDriver], Sequence[_Role]] | None = None,
+    **serve_options: Any,
 ) -> None:
-    """Open and install the driver, import the APPs, run a worker until it drains."""
+    """Open and install the driver, import the APPs, run a worker and ``roles`` until it drains.
+
+    ``serve_options`` go to :func:`_serve` (``metrics_port``, ``metrics_host``, ``build``).
+    """
     configure_logging(log_level, _stderr)
     driver = _open(driver_url)
     # Installed before the APPs are imported, so code that enqueues at import time has a driver.
@@ -299,6 +388,8 @@ def _run_worker(
                 concurrency=concurrency,
                 visibility_timeout=visibility_timeout,
                 drain_timeout=drain_timeout,
+                roles=roles,
+                **serve_options,
             )
         )
     except JobsError as exc:
@@ -364,9 +455,42 @@ def worker(
     visibility_timeout: VisibilityOption = "30s",
     drain_timeout: DrainOption = "25s",
     log_level: LogLevelOption = LogLevel.INFO,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            help="Serve Prometheus metrics on this port (GET /metrics).",
+            show_default=False,
+        ),
+    ] = None,
+    metrics_bind: Annotated[
+        str,
+        typer.Option("--metrics-bind", help="The address the metrics server binds."),
+    ] = "127.0.0.1",
+    build: Annotated[
+        str,
+        typer.Option(
+            "--build",
+            envvar="JOBS_BUILD",
+            help="The app's build or version, shown by jobs workers.",
+        ),
+    ] = "",
 ) -> None:
     """Run a worker for the jobs APP declares until SIGTERM or SIGINT drains it."""
-    _run_worker(apps, driver, queues, concurrency, visibility_timeout, drain_timeout, log_level)
+    _run_worker(
+        apps,
+        driver,
+        queues,
+        concurrency,
+        visibility_timeout,
+        drain_timeout,
+        log_level,
+        metrics_port=metrics_port,
+        metrics_host=metrics_bind,
+        build=build,
+    )
 
 
 def dev(
@@ -380,12 +504,113 @@ def dev(
     drain_timeout: DrainOption = "25s",
     log_level: LogLevelOption = LogLevel.INFO,
 ) -> None:
-    """Run a worker for APP on an in-memory driver for local development.
+    """Run a worker for APP, and the scheduler for its tasks, on an in-memory driver.
 
     The driver is installed before APP is imported, so a module that enqueues at import time
-    feeds the worker.
+    feeds the worker. The scheduler runs when APP declares tasks.
     """
-    _run_worker(apps, driver, queues, concurrency, visibility_timeout, drain_timeout, log_level)
+    _run_worker(
+        apps,
+        driver,
+        queues,
+        concurrency,
+        visibility_timeout,
+        drain_timeout,
+        log_level,
+        roles=_dev_roles,
+    )
+
+
+async def _serve_scheduler(driver: JobDriver, *, tick: str, leader_ttl: str) -> None:
+    """Run a scheduler until SIGTERM or SIGINT, then release its lease and close the driver.
+
+    Raises:
+        JobsError: a bad option (``X_JOB_OPTIONS_INVALID``) or a driver without scheduler
+            state (``X_NOT_IMPLEMENTED``).
+    """
+    loop = asyncio.get_running_loop()
+    handled = False
+    try:
+        runner = Scheduler(driver, tick=tick, leader_ttl=leader_ttl)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, runner.request_stop)
+        handled = True
+        _log.info(
+            "jobs.scheduler.started",
+            extra={
+                "event": "jobs.scheduler.started",
+                "holder": runner.holder_id,
+                "driver": driver.name,
+                "tasks": sorted(runner.tasks),
+                "elected": runner.leader is not None,
+            },
+        )
+        await runner.run()
+        _log.info(
+            "jobs.scheduler.stopped",
+            extra={"event": "jobs.scheduler.stopped", "holder": runner.holder_id},
+        )
+    finally:
+        if handled:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+        await driver.close()
+
+
+def scheduler(
+    apps: AppsArgument,
+    driver: Annotated[
+        str,
+        typer.Option(
+            "--driver",
+            envvar="JOBS_DRIVER",
+            help="The driver URL whose scheduler state and leader lease are used, e.g. "
+            "postgresql://host/db.",
+            show_default=False,
+        ),
+    ],
+    tick: Annotated[
+        str, typer.Option("--tick", help="The longest sleep between scheduler rounds.")
+    ] = "1s",
+    leader_ttl: Annotated[
+        str,
+        typer.Option(
+            "--leader-ttl",
+            help="How long the leader lease lives; renewed every third of it. A standby takes "
+            "over within about this long after the leader stops.",
+        ),
+    ] = "30s",
+    log_level: LogLevelOption = LogLevel.INFO,
+) -> None:
+    """Fire the cron tasks APP declares until SIGTERM or SIGINT.
+
+    Run as many as you like: one leads at a time, and each occurrence fires once.
+    """
+    configure_logging(log_level, _stderr)
+    opened = _open(driver)
+    install_driver(opened)
+    try:
+        try:
+            _import_apps(apps)
+        except typer.Exit:
+            asyncio.run(opened.close())
+            raise
+        if not TASK_REGISTRY.all():
+            asyncio.run(opened.close())
+            _stderr.print(
+                Text.assemble(
+                    ("error", "bold red"),
+                    f": APP ({', '.join(apps)}) declares no tasks, so there is nothing to schedule",
+                ),
+                soft_wrap=True,
+            )
+            _stderr.print(Text("fix: name the modules that call task(...)"), soft_wrap=True)
+            raise typer.Exit(EXIT_USAGE)
+        asyncio.run(_serve_scheduler(opened, tick=tick, leader_ttl=leader_ttl))
+    except JobsError as exc:
+        _exit_with(exc, "the scheduler cannot run")
+    finally:
+        install_driver(None)
 
 
 def demo(
@@ -418,6 +643,117 @@ def demo(
     except JobsError as exc:
         _exit_with(exc, "the demo cannot run")
     raise typer.Exit(0 if ok else 1)
+
+
+async def _serve_relay(
+    driver: JobDriver, store: OutboxStore, *, batch: int, claim_lease: str, poll_interval: str
+) -> None:
+    """Run a relay from ``store`` to ``driver`` until SIGTERM or SIGINT, then close the driver.
+
+    Raises:
+        JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` for a bad relay option.
+    """
+    loop = asyncio.get_running_loop()
+    handled = False
+    try:
+        relay = Relay(
+            store, driver, batch=batch, claim_lease=claim_lease, poll_interval=poll_interval
+        )
+        # Held here: the loop keeps only weak references to tasks.
+        stopping: list[asyncio.Task[None]] = []
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, lambda: stopping.append(loop.create_task(relay.stop())))
+        handled = True
+        _log.info(
+            "jobs.relay.started",
+            extra={"event": "jobs.relay.started", "relay_id": relay.id, "driver": driver.name},
+        )
+        await relay.run()
+        _log.info("jobs.relay.stopped", extra={"event": "jobs.relay.stopped", "relay_id": relay.id})
+    finally:
+        if handled:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+        await driver.close()
+
+
+def relay(
+    driver: Annotated[
+        str,
+        typer.Option(
+            "--driver",
+            envvar="JOBS_DRIVER",
+            help="The driver URL whose outbox is published, e.g. postgresql://host/db. Not "
+            "memory://: a memory outbox lives in the app's own process, so run "
+            "Relay(store, driver) in-process there.",
+            show_default=False,
+        ),
+    ],
+    apps: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="APP",
+            help="Modules to import first (e.g. ones that configure logging or register "
+            "drivers); the relay needs no job declarations.",
+            show_default=False,
+        ),
+    ] = None,
+    batch: Annotated[
+        int, typer.Option("--batch", min=1, max=1000, help="Rows claimed and published per pass.")
+    ] = 100,
+    claim_lease: Annotated[
+        str,
+        typer.Option(
+            "--claim-lease",
+            help="How long a pass holds its rows before another relay may take them over.",
+        ),
+    ] = "30s",
+    poll_interval: Annotated[
+        str,
+        typer.Option(
+            "--poll-interval", help="The pause after a pass that found less than a full batch."
+        ),
+    ] = "1s",
+    log_level: LogLevelOption = LogLevel.INFO,
+) -> None:
+    """Publish committed outbox rows to the driver until SIGTERM or SIGINT.
+
+    Rows are published in staging order, each onto the job id its enqueue answered, so running
+    two relays (or restarting one mid-batch) never makes a second job. The memory driver's outbox
+    is in-process only: this command refuses memory://.
+    """
+    configure_logging(log_level, _stderr)
+    opened = _open(driver)
+    store = capability(opened, "outbox")
+    if store is None:
+        asyncio.run(opened.close())
+        _exit_with(
+            NotImplementedByDriverError(
+                f"the {opened.name} driver carries no shared outbox store, so a separate relay "
+                "process has nothing to publish",
+                driver=opened.name,
+                capability="outbox",
+            ),
+            "the relay cannot run",
+            fix="Point --driver at a driver with an outbox (postgresql://...); a memory outbox "
+            "lives in the app's process: run Relay(store, driver) there.",
+        )
+    install_driver(opened)
+    try:
+        try:
+            _import_apps(apps or [])
+        except typer.Exit:
+            asyncio.run(opened.close())
+            raise
+        asyncio.run(
+            _serve_relay(
+                opened, store, batch=batch, claim_lease=claim_lease, poll_interval=poll_interval
+            )
+        )
+    except JobsError as exc:
+        _exit_with(exc, "the relay cannot run")
+    finally:
+        install_driver(None)
 
 
 def _broken_plugin(app: typer.Typer, ep: EntryPoint, error: Exception) -> None:
@@ -461,11 +797,14 @@ def load_plugins(app: typer.Typer) -> None:
             _broken_plugin(app, ep, exc)
 
 
-def create_app(*, plugins: bool = True) -> typer.Typer:
+def create_app(*, plugins: bool = True, driver: JobDriver | None = None) -> typer.Typer:
     """Build the ``jobs`` command tree.
 
     Args:
         plugins: also load the ``jobs.cli`` entry points (see :func:`load_plugins`).
+        driver: a driver the operator commands (``ls``, ``show``, ``retry``, ...) use instead
+            of opening ``--driver``: an embedding application's, or a test's. It is never
+            closed by them.
 
     Returns:
         A fresh typer app; each call builds a new one.
@@ -481,6 +820,12 @@ def create_app(*, plugins: bool = True) -> typer.Typer:
     app.command("demo")(demo)
     app.command("worker")(worker)
     app.command("dev")(dev)
+    app.command("scheduler")(scheduler)
+    app.command("relay")(relay)
+    # Imported here: the operator module builds on this one's helpers.
+    from jobs_core._cli_operator import add_operator_commands
+
+    add_operator_commands(app, driver=driver)
     if plugins:
         load_plugins(app)
     return app

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
+from typing import Any
 from uuid import UUID
 
 from jobs_core.errors import JobsError
@@ -100,6 +101,23 @@ class CancelSignal:
             raise type(reason)(reason.message, **reason.meta)
 
 
+class JobLogger(logging.LoggerAdapter[logging.Logger]):
+    """A logger adapter that adds the ids it is bound to to every record's ``extra``.
+
+    The stdlib adapter (before Python 3.13's ``merge_extra``) replaces a call's own ``extra=``
+    with the bound fields, so a body's ``ctx.log.info("sent", extra={"to": n})`` would lose
+    ``to``. Here both land; on a key both name, the bound id wins, so a record always says which
+    job and run it came from.
+    """
+
+    def process(
+        self, msg: Any, kwargs: MutableMapping[str, Any]
+    ) -> tuple[Any, MutableMapping[str, Any]]:
+        """Merge the call's ``extra`` with the bound fields (bound ones win)."""
+        kwargs["extra"] = {**(kwargs.get("extra") or {}), **(self.extra or {})}
+        return msg, kwargs
+
+
 @dataclass(slots=True)
 class JobContext:
     """The third argument of a job body.
@@ -113,7 +131,8 @@ class JobContext:
         final_attempt: ``True`` when a failure now is not retried for want of attempts.
         tenant_id: the row's tenant (``None`` for ``tenant="none"`` jobs).
         cancel: fires when the attempt should stop (see :class:`CancelSignal`).
-        log: a logger adapter bound to the job and run ids.
+        log: a logger bound to the job and run ids (and attempt); a call's own ``extra=`` is
+            merged with them (:class:`JobLogger`).
     """
 
     job_id: UUID | None

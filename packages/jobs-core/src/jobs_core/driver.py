@@ -48,6 +48,7 @@ from jobs_core.types import (
     StepWrite,
     StoredEvent,
     TaskFire,
+    TaskFireRecord,
     WorkerInfo,
 )
 
@@ -408,6 +409,19 @@ class EventBus(Protocol):
 
 
 @runtime_checkable
+class ResettableEventBus(Protocol):
+    """An :class:`EventBus` that can forget every event: the test seam behind ``reset_event_bus``.
+
+    A separate protocol rather than a member of :class:`EventBus`, so a third-party bus without it
+    still is one; ``reset_event_bus`` then raises ``X_NOT_IMPLEMENTED``.
+    """
+
+    async def reset(self) -> int:
+        """Delete every event, expired or not (waiting steps are untouched); answer how many."""
+        ...
+
+
+@runtime_checkable
 class WakeSource(Protocol):
     """Pushes queue names to idle workers so pickup does not wait for the poll."""
 
@@ -457,22 +471,45 @@ class OutboxStore(Protocol):
 
 @runtime_checkable
 class SchedulerState(Protocol):
-    """Cron watermarks and task fires; a fire's jobs and its watermark land in one write."""
+    """Cron watermarks and task fires; a fire's jobs and its watermark land in one write.
+
+    A task's watermark is the instant up to which its occurrences are settled: fired, or passed
+    over on purpose (catch-up, a first start). It never moves backwards.
+    """
 
     async def watermarks(self) -> dict[str, datetime]:
-        """Answer every task's watermark: the last occurrence it fired (UTC)."""
+        """Answer every task's watermark (UTC), by task name."""
         ...
 
     async def fire(self, fire: TaskFire) -> list[EnqueueResult] | None:
         """Enqueue a fire's jobs and move its task's watermark, atomically.
 
-        The write lands only if the stored watermark equals ``fire.expected``. Answers the
-        enqueue results, or ``None`` (writing nothing) when another scheduler moved it first.
+        The write lands only if the stored watermark equals ``fire.expected`` (``None``: the
+        task has none). The jobs are enqueued with :meth:`JobDriver.enqueue`'s semantics (dedupe
+        on live keys and explicit ids) and the watermark moves to ``fire.watermark`` (default
+        ``fire.occurrence``), both or neither. Answers the enqueue results in request order, or
+        ``None`` (writing nothing) when another scheduler moved the watermark first.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID``, writing nothing, for a naive
+                instant, an occurrence not after ``expected``, a watermark before the occurrence,
+                or a request :meth:`JobDriver.enqueue` refuses.
         """
         ...
 
     async def advance(self, task: str, expected: datetime | None, to: datetime) -> bool:
-        """Move a watermark without firing (catch-up), compare-and-set like :meth:`fire`."""
+        """Move a watermark without firing, compare-and-set like :meth:`fire`.
+
+        Answers ``False`` (writing nothing) when the stored watermark is not ``expected``.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a naive ``to`` or one not
+                after ``expected``.
+        """
+        ...
+
+    async def task_fires(self) -> list[TaskFireRecord]:
+        """Answer the last fire of every task that ever fired, sorted by task name."""
         ...
 
     async def paused_tasks(self) -> list[str]:
@@ -493,7 +530,12 @@ class LeaderLease(Protocol):
     """One leader at a time: a lease row with an expiry, keyed by a unique incarnation id."""
 
     async def acquire(self, holder: str, ttl_ms: int) -> bool:
-        """Take the lease if it is free or lapsed, or renew it if ``holder`` holds it."""
+        """Take the lease if it is free or lapsed, or renew it if ``holder`` holds it.
+
+        Answers ``True`` when ``holder`` holds it until ``ttl_ms`` after this call, measured on
+        the store's own clock (the database's ``now()`` on pg); ``False`` when another holder's
+        lease is unexpired.
+        """
         ...
 
     async def release(self, holder: str) -> None:

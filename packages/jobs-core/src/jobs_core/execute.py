@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import Any, Literal, cast
 
 from jobs_core.clock import SYSTEM_CLOCK, Clock
-from jobs_core.context import CancelSignal, JobContext
+from jobs_core.context import CancelSignal, JobContext, JobLogger
 from jobs_core.driver import EventBus, JobDriver, LeaseRequest, LeaseStore, capability
 from jobs_core.errors import (
     CompensationFailedError,
@@ -244,7 +244,7 @@ async def _run(
         final_attempt=job.attempt >= handle.retry.attempts,
         tenant_id=tenant,
         cancel=attempt.cancel,
-        log=logging.LoggerAdapter(
+        log=JobLogger(
             logging.getLogger(f"jobs.job.{job.name}"),
             {"job_id": str(job.id), "run_id": str(job.run_id), "attempt": job.attempt},
         ),
@@ -574,7 +574,7 @@ async def run_inline(handle: JobHandle[Any, Any], input: Any, driver: JobDriver)
                 final_attempt=True,
                 tenant_id=tenant,
                 cancel=cancel,
-                log=logging.LoggerAdapter(
+                log=JobLogger(
                     logging.getLogger(f"jobs.job.{handle.name}"), {"run_id": str(run_id)}
                 ),
             )

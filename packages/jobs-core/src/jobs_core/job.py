@@ -19,6 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from jobs_core._current import current_driver, run_sync
 from jobs_core._durations import Duration, duration_problem, parse_duration
+from jobs_core._tracing import current_traceparent
 from jobs_core.errors import (
     EnqueueBatchTooLargeError,
     IdempotencyRequiredError,
@@ -31,6 +32,7 @@ from jobs_core.errors import (
 )
 from jobs_core.ids import new_id
 from jobs_core.limits import Concurrency
+from jobs_core.outbox import submit_many, submit_one
 from jobs_core.retry import Retry
 from jobs_core.serialization import NotJSONError, to_json_form
 from jobs_core.tenancy import Actor, crossing_reason, current_actor
@@ -296,6 +298,8 @@ class JobHandle(Generic[I, R]):
             run_id=run_id or new_id(),
             run_at=run_at,
             delay_ms=delay_ms,
+            # The enqueuing span, when OpenTelemetry is installed: the attempt's span is its child.
+            traceparent=current_traceparent(),
             enqueued_by=enqueued_by,
         )
 
@@ -355,8 +359,9 @@ class JobHandle(Generic[I, R]):
         tenant_id: str | None = None,
         run_id: UUID | None = None,
         on_conflict: OnConflict = "dedupe",
+        outbox: Any = None,
     ) -> EnqueueResult:
-        """Queue one run of this job on the installed driver.
+        """Queue one run of this job on the installed driver, or stage it in the outbox.
 
         Args:
             input: the input (validated against the declared type).
@@ -366,10 +371,16 @@ class JobHandle(Generic[I, R]):
             tenant_id: state the tenant explicitly (must agree with ``tenant(input)``).
             run_id: name the run instead of minting one.
             on_conflict: ``"dedupe"`` answers a live row's ids with ``deduped=True``; ``"error"``
-                raises instead.
+                raises instead (refused when the enqueue is staged: a duplicate is known only at
+                publish).
+            outbox: with an outbox installed (:func:`~jobs_core.outbox.install_outbox`), the
+                transaction to stage on; ``None`` stages on the store's ambient transaction if
+                one is open; ``False`` bypasses the outbox and queues directly.
 
         Returns:
-            ``EnqueueResult(id, run_id, deduped)``.
+            ``EnqueueResult(id, run_id, deduped)``. A staged enqueue answers the ids the job
+            will have once the relay publishes it (the staged row's id is the job id) with
+            ``deduped=False``; nothing is queued if the transaction rolls back.
 
         Raises:
             JobInputInvalidError: ``X_JOB_INPUT_INVALID``.
@@ -377,11 +388,14 @@ class JobHandle(Generic[I, R]):
             TenantMismatchError: ``X_JOB_TENANT_MISMATCH`` (nothing written).
             JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID``.
             JobDuplicateError: ``X_JOB_DUPLICATE`` under ``on_conflict="error"``.
+            OutboxNoTransactionError: ``X_OUTBOX_NO_TX`` outside a transaction when the outbox
+                is installed with ``mode="required"`` (nothing written).
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` (nothing queued).
         """
         return await self._enqueue_one(
             input,
             on_conflict,
+            outbox,
             run_at=run_at,
             delay=delay,
             queue=queue,
@@ -399,15 +413,17 @@ class JobHandle(Generic[I, R]):
         queue: str | None = None,
         run_id: UUID | None = None,
         on_conflict: OnConflict = "dedupe",
+        outbox: Any = None,
     ) -> EnqueueResult:
         """Queue on behalf of ``actor``: tenant from ``actor.org_id``, ``enqueued_by`` its id.
 
         Attribution only: the body runs with the job's declared tenant, not the actor's rights.
-        Same arguments, answer and errors as :meth:`enqueue`.
+        Same arguments (``outbox`` included), answer and errors as :meth:`enqueue`.
         """
         return await self._enqueue_one(
             input,
             on_conflict,
+            outbox,
             run_at=run_at,
             delay=delay,
             queue=queue,
@@ -425,8 +441,11 @@ class JobHandle(Generic[I, R]):
         tenant_id: str | None = None,
         run_id: UUID | None = None,
         on_conflict: OnConflict = "dedupe",
+        outbox: Any = None,
     ) -> EnqueueResult:
         """:meth:`enqueue` for synchronous code (a sync body, a script, a sync web view).
+
+        Same arguments (``outbox`` included) and answer as :meth:`enqueue`.
 
         Raises:
             RuntimeError: when called on a thread running an event loop (``await enqueue``).
@@ -441,19 +460,21 @@ class JobHandle(Generic[I, R]):
                 tenant_id=tenant_id,
                 run_id=run_id,
                 on_conflict=on_conflict,
+                outbox=outbox,
             )
         )
 
     async def _enqueue_one(
-        self, input: I | JSONValue, on_conflict: OnConflict, **options: Any
+        self, input: I | JSONValue, on_conflict: OnConflict, outbox: Any, **options: Any
     ) -> EnqueueResult:
         if on_conflict not in ("dedupe", "error"):
             raise JobOptionsInvalidError(
                 f"on_conflict: must be 'dedupe' or 'error', got {on_conflict!r}",
                 option="on_conflict",
             )
+        # Validated (tenant, key, input) before anything is staged or queued.
         req = self.build_request(input, **options)
-        result = await current_driver().enqueue(req)
+        result = await submit_one(req, outbox, staged_ok=on_conflict == "dedupe")
         if result.deduped and on_conflict == "error":
             raise JobDuplicateError(
                 f"{self.name}: a live job already holds key {req.idempotency_key!r}",
@@ -472,6 +493,7 @@ class JobHandle(Generic[I, R]):
         queue: str | None = None,
         tenant_id: str | None = None,
         on_conflict: OnConflict = "dedupe",
+        outbox: Any = None,
     ) -> list[EnqueueResult]:
         """Queue many runs of this job: one driver round trip per 1,000 inputs.
 
@@ -479,11 +501,17 @@ class JobHandle(Generic[I, R]):
         and queues nothing. Answers in input order; an input whose key repeats an earlier one in
         the batch (or a live row) answers that row with ``deduped=True``.
 
+        Inside an outbox transaction (``outbox`` as in :meth:`enqueue`) the batch is staged with
+        one ``stage_many``: each input answers its future job ids with ``deduped=False``, except
+        one repeating an earlier input's key, which answers that input's ids with
+        ``deduped=True``; whether a live row already holds a key is known only at publish.
+
         Raises:
             EnqueueBatchTooLargeError: ``X_JOB_ENQUEUE_BATCH_TOO_LARGE`` above
                 ``MAX_ENQUEUE_BATCH`` (10,000) inputs.
             JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` with ``on_conflict="error"``.
             JobsError: any of :meth:`enqueue`'s validation errors, naming the input's index.
+            OutboxNoTransactionError: ``X_OUTBOX_NO_TX`` as :meth:`enqueue`.
         """
         if on_conflict != "dedupe":
             raise JobOptionsInvalidError(
@@ -511,7 +539,7 @@ class JobHandle(Generic[I, R]):
                 raise
         if not reqs:
             return []
-        return await current_driver().enqueue_many(reqs)
+        return await submit_many(reqs, outbox)
 
     def describe(self) -> dict[str, Any]:
         """Answer a JSON-able descriptor of the declaration (for ``jobs manifest``)."""

@@ -320,10 +320,12 @@ class StepRunner:
             EventInvalidError: ``X_JOB_EVENT_INVALID`` (terminal) when the stored event does not
                 fit ``schema``; the message carries the issues, never the payload.
             JobTimeoutError: ``X_JOB_TIMEOUT`` on timeout with ``required=True``.
+            JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` (terminal) when ``schema`` is
+                ``None`` or not a type pydantic can validate.
             NotImplementedByDriverError: ``X_NOT_IMPLEMENTED`` with no event bus.
         """
         self._claim_name(name)
-        adapter: TypeAdapter[Any] = TypeAdapter(schema)
+        adapter = _event_adapter(name, schema)
         record = self._records.get(name)
         if record is not None and record.status == "completed":
             return self._event_answer(name, adapter, record.output, required)
@@ -341,16 +343,20 @@ class StepRunner:
             record = StepRecord(
                 name, "waiting", started_at=now, wake_at=deadline, event=event, match=match
             )
-            await self._write(record)
+            await self._park_write(record)
         since = record.started_at or now
         found = await bus.find(EventQuery(event, since, match, correlation_key))
         if found is not None:
             output = {"event_id": str(found.id), "payload": found.payload}
             answer = self._event_answer(name, adapter, output, required)
-            await self._write(replace(record, status="completed", output=output, completed_at=now))
+            await self._park_write(
+                replace(record, status="completed", output=output, completed_at=now)
+            )
             return answer
         if record.wake_at is not None and now >= record.wake_at:
-            await self._write(replace(record, status="completed", output=None, completed_at=now))
+            await self._park_write(
+                replace(record, status="completed", output=None, completed_at=now)
+            )
             return self._event_answer(name, adapter, None, required)
         poll = self._event_poll_ms or (
             WAKING_EVENT_POLL_MS if bus.wakes_waiters else DEFAULT_EVENT_POLL_MS
@@ -437,14 +443,26 @@ class StepRunner:
         if record is None or record.status != "waiting" or record.wake_at is None:
             wake = wake_of(now)
             if wake <= now:
-                await self._write(StepRecord(name, "completed", started_at=now, completed_at=now))
+                await self._park_write(
+                    StepRecord(name, "completed", started_at=now, completed_at=now)
+                )
                 return
-            await self._write(StepRecord(name, "waiting", started_at=now, wake_at=wake))
+            await self._park_write(StepRecord(name, "waiting", started_at=now, wake_at=wake))
             raise self._suspend(wake, name)
         if record.wake_at <= now:
-            await self._write(replace(record, status="completed", completed_at=now))
+            await self._park_write(replace(record, status="completed", completed_at=now))
             return
         raise self._suspend(record.wake_at, name)
+
+    async def _park_write(self, record: StepRecord) -> None:
+        """Write a sleep's or a wait's record between its ``before`` and ``persisted`` boundaries.
+
+        A parking step has no function, so it has no ``returned`` boundary; a crash test still
+        needs to stop a worker just before and just after each of its writes.
+        """
+        await self._boundary("before", record.name)
+        await self._write(record)
+        await self._boundary("persisted", record.name)
 
     async def _boundary(self, point: FaultPoint, step: str) -> None:
         await boundary(point, self._job_name, self._run_id, step)
@@ -596,3 +614,23 @@ def _duration_ms(value: object) -> int:
         return parse_duration(value, field="duration")  # type: ignore[arg-type]
     except ValueError as exc:
         raise JobOptionsInvalidError(str(exc)) from None
+
+
+def _event_adapter(step: str, schema: Any) -> TypeAdapter[Any]:
+    # ``None`` would build an adapter accepting only a null payload, so a forgotten schema would
+    # surface as X_JOB_EVENT_INVALID on the first real event instead of at the wait.
+    if schema is None:
+        raise JobOptionsInvalidError(
+            f"wait_for_event {step!r}: schema is required (a pydantic model the payload must fit)",
+            option="schema",
+            step=step,
+        )
+    try:
+        return TypeAdapter(schema)
+    except Exception as exc:
+        raise JobOptionsInvalidError(
+            f"wait_for_event {step!r}: schema {schema!r} is not a type pydantic can validate "
+            f"({type(exc).__name__})",
+            option="schema",
+            step=step,
+        ) from None

@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
+from jobs_core._crash import CrashReport, crash_proof
 from jobs_core._current import use_driver
 from jobs_core._durations import Duration, parse_duration
 from jobs_core.driver import JobDriver
@@ -20,7 +21,7 @@ from jobs_core.job import REGISTRY, JobRegistry
 from jobs_core.limits import Limits
 from jobs_core.worker import Worker, WorkerStats
 
-__all__ = ["ManualClock", "live_count", "run_jobs", "use_driver"]
+__all__ = ["CrashReport", "ManualClock", "crash_proof", "live_count", "run_jobs", "use_driver"]
 
 
 class ManualClock:

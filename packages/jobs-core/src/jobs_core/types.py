@@ -499,12 +499,37 @@ class TaskFire:
         expected: the watermark the scheduler read (``None`` for a task never fired); the fire
             lands only if the stored watermark still equals it (compare-and-set).
         requests: the jobs to enqueue (deduped like any enqueue).
+        watermark: where the fire leaves the watermark (UTC, at or after ``occurrence``);
+            ``None`` means ``occurrence``. ``run-once`` catch-up fires the earliest missed
+            occurrence and moves the watermark past the latest missed one in this same write, so
+            a crash cannot separate the two and fire the backlog again.
     """
 
     task: str
     occurrence: datetime
     expected: datetime | None
     requests: tuple[EnqueueRequest, ...]
+    watermark: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFireRecord:
+    """The last fire of one task, as ``SchedulerState.task_fires()`` shows it.
+
+    Attributes:
+        task: the task name.
+        occurrence: the occurrence that fired (UTC).
+        watermark: where that fire left the watermark (UTC; later than ``occurrence`` after a
+            ``run-once`` catch-up).
+        fired_at: when the fire landed, on the store's clock (UTC).
+        job_ids: the ids its enqueues answered, in entry order (deduped ones included).
+    """
+
+    task: str
+    occurrence: datetime
+    watermark: datetime
+    fired_at: datetime
+    job_ids: tuple[UUID, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -536,6 +561,10 @@ class WorkerInfo:
 
 BULK_LIMIT = 1_000
 """The most rows one bulk operator call touches."""
+
+MAX_COUNTER_ROWS = 4_176
+"""The most counter buckets kept per job name: 24 h of 1-minute buckets (1,440), 7 d of 5-minute
+buckets (2,016) and 30 d of 1-hour buckets (720)."""
 
 
 @dataclass(frozen=True, slots=True)

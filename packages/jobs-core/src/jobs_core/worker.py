@@ -5,7 +5,11 @@ the smallest free count, so no queue exceeds its slots), starts an attempt per r
 again at once while rows come back. A freed slot or a driver wake starts a pass now; an idle pass
 backs off by doubling from ``poll_interval`` to ``idle_poll_max``. One heartbeat task renews
 every held lease each ``heartbeat`` (a third of the visibility timeout by default and at most),
-so a slow body never delays its own renewal (FIELD-FAILURES C05).
+so a slow body never delays its own renewal (FIELD-FAILURES C05). On the same cadence the worker
+registers itself where the driver carries ``workers`` (the row expires one visibility timeout
+after the last beat and is removed on a clean stop). With :class:`~jobs_core.metrics.JobsMetrics`
+it records each attempt's outcome and duration and refreshes the queue gauges; with
+OpenTelemetry installed each attempt runs in a span that is a child of the enqueuing one.
 """
 
 from __future__ import annotations
@@ -19,10 +23,13 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
+from itertools import islice
 from uuid import UUID, uuid4
 
 from jobs_core._current import home_loop, use_driver
 from jobs_core._durations import Duration, parse_duration
+from jobs_core._tracing import attempt_span
 from jobs_core.clock import SYSTEM_CLOCK, Clock
 from jobs_core.driver import JobDriver, capability
 from jobs_core.errors import (
@@ -36,7 +43,8 @@ from jobs_core.errors import (
 from jobs_core.execute import Attempt, AttemptEnv, Outcome, execute, hand_back
 from jobs_core.job import REGISTRY, JobRegistry
 from jobs_core.limits import LimitGate, Limits
-from jobs_core.types import BuriedJob, ClaimedJob, ClaimRequest, JobState
+from jobs_core.metrics import JobsMetrics
+from jobs_core.types import BuriedJob, ClaimedJob, ClaimRequest, JobState, WorkerInfo
 
 _log = logging.getLogger("jobs.worker")
 
@@ -93,6 +101,9 @@ class Worker:
         clock: the clock (tests pass a controllable one).
         worker_id: the incarnation id; default ``host:pid:random`` (unique per process start,
             so a restarted pod never adopts an old incarnation's leases).
+        build: the app's build or version string shown in the worker registry.
+        metrics: where to record outcomes, durations, lost leases and queue gauges.
+        metrics_interval: how often the queue gauges are refreshed from the driver (``"15s"``).
 
     Raises:
         JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` for a bad option (named).
@@ -113,6 +124,9 @@ class Worker:
         registry: JobRegistry | None = None,
         clock: Clock | None = None,
         worker_id: str | None = None,
+        build: str = "",
+        metrics: JobsMetrics | None = None,
+        metrics_interval: Duration = "15s",
     ) -> None:
         """Validate the options; nothing runs until :meth:`run`."""
         if (
@@ -139,7 +153,14 @@ class Worker:
         self.drain_timeout_ms = _ms(drain_timeout, "drain_timeout")
         self.registry = registry or REGISTRY
         self.clock = clock or getattr(driver, "clock", None) or SYSTEM_CLOCK
-        self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid4().hex[:12]}"
+        self.host = socket.gethostname()
+        self.id = worker_id or f"{self.host}:{os.getpid()}:{uuid4().hex[:12]}"
+        self.build = build
+        self.metrics = metrics
+        self.metrics_interval_ms = _ms(metrics_interval, "metrics_interval")
+        self._started_at: datetime | None = None
+        self._draining_at: datetime | None = None
+        self._abandoned = False
         self._gate = LimitGate(limits, self.clock) if limits is not None else None
         self._held: dict[UUID, _Held] = {}
         self._wake = asyncio.Event()
@@ -227,7 +248,13 @@ class Worker:
         if wake is not None:
             unsubscribe = await wake.subscribe(self._on_wake)
         self._finished.clear()
+        self._started_at = self.clock.now()
+        await self._register()
         beats = loop.create_task(self._heartbeats())
+        gauges = None
+        if self.metrics is not None:
+            self.metrics.attach(self)
+            gauges = loop.create_task(self._refresh_gauges())
         try:
             await self._claim_loop()
             if self._env.draining:
@@ -238,6 +265,11 @@ class Worker:
                     await asyncio.wait(tasks)
         finally:
             beats.cancel()
+            if gauges is not None:
+                gauges.cancel()
+            if self.metrics is not None:
+                self.metrics.detach(self)
+            await self._unregister()
             if unsubscribe is not None:
                 await unsubscribe()
             body_pool.shutdown(wait=False, cancel_futures=True)
@@ -307,13 +339,19 @@ class Worker:
         assert env is not None
         admitted = self._gate is None or self._gate.admit(job.queue, job.tenant_id)
         outcome: Outcome | str = "lost"
+        started = self.clock.monotonic()
         try:
-            with use_driver(self.driver), home_loop(asyncio.get_running_loop()):
+            with (
+                use_driver(self.driver),
+                home_loop(asyncio.get_running_loop()),
+                attempt_span(job) as traced,
+            ):
                 outcome = (
                     await execute(env, held.attempt)
                     if admitted
                     else await hand_back(self.driver, job)
                 )
+                traced(outcome)
         except Exception as exc:
             _log.error(
                 "jobs.attempt.crashed",
@@ -331,6 +369,8 @@ class Worker:
                 self._gate.release(job.queue, job.tenant_id)
             self._held.pop(job.id, None)
             self._outcomes[outcome] += 1
+            if self.metrics is not None:
+                self.metrics.attempt(job.queue, job.name, outcome, self.clock.monotonic() - started)
             self._wake.set()
         _log.info(
             "jobs.attempt.settled",
@@ -349,6 +389,64 @@ class Worker:
             held = list(self._held.values())
             if held:
                 await asyncio.gather(*(self._beat(h) for h in held))
+            await self._register()
+
+    async def _register(self) -> None:
+        """Insert or refresh this worker's registry row (where the driver keeps one)."""
+        registry = capability(self.driver, "workers")
+        if registry is None or self._started_at is None:
+            return
+        info = WorkerInfo(
+            id=self.id,
+            host=self.host,
+            build=self.build,
+            started_at=self._started_at,
+            queues=tuple(self.queues),
+            slots=self.capacity,
+            in_flight=tuple(islice(self._held, 100)),
+            draining_at=self._draining_at,
+        )
+        try:
+            await registry.beat(info, self.visibility_timeout_ms)
+        except Exception as exc:
+            # The registry is for operators; a failed beat must not stop the work.
+            _log.warning(
+                "jobs.worker.register-failed",
+                extra={"event": "jobs.worker.register-failed", "error": str(exc)},
+            )
+
+    async def _unregister(self) -> None:
+        """Delete this worker's registry row on a clean stop.
+
+        After an abandoned drain the driver is closed; the row then expires by itself.
+        """
+        registry = capability(self.driver, "workers")
+        if registry is None or self._abandoned:
+            return
+        try:
+            await registry.remove(self.id)
+        except Exception as exc:
+            _log.warning(
+                "jobs.worker.register-failed",
+                extra={"event": "jobs.worker.register-failed", "error": str(exc)},
+            )
+
+    async def _refresh_gauges(self) -> None:
+        while True:
+            await self._refresh_metrics()
+            await asyncio.sleep(self.metrics_interval_ms / 1000)
+
+    async def _refresh_metrics(self) -> None:
+        """Set the queue gauges from the driver; a draining worker publishes a demand of 0."""
+        if self.metrics is None:
+            return
+        try:
+            await self.metrics.refresh(self.driver, draining=self._draining_at is not None)
+        except Exception as exc:
+            _log.warning(
+                "jobs.metrics.refresh-failed",
+                extra={"event": "jobs.metrics.refresh-failed", "error": str(exc)},
+            )
 
     async def _beat(self, held: _Held) -> None:
         job = held.attempt.job
@@ -393,6 +491,8 @@ class Worker:
         job = held.attempt.job
         if isinstance(reason, LeaseLostError):
             self._leases_lost[job.queue] += 1
+            if self.metrics is not None:
+                self.metrics.lease_lost(job.queue)
             _log.error(
                 "jobs.lease.lost",
                 extra={"event": "jobs.lease.lost", "job": job.name, "job_id": str(job.id)},
@@ -417,13 +517,18 @@ class Worker:
         self._stopping = True
         if self._env is not None:
             self._env.draining = True
+        self._draining_at = self.clock.now()
         self._wake.set()
+        # Operators and autoscalers see the drain at once, not a heartbeat later.
+        await self._register()
+        await self._refresh_metrics()
         for held in list(self._held.values()):
             held.attempt.stop(DrainingError("the worker is draining"), abort_writes=False)
         tasks = [h.task for h in self._held.values() if h.task is not None]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=self.drain_timeout_ms / 1000)
             if pending:
+                self._abandoned = True
                 _log.error(
                     "jobs.worker.drain-abandoned",
                     extra={

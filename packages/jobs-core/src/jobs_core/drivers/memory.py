@@ -59,19 +59,28 @@ from jobs_core.errors import (
     DriverRequestInvalidError,
     DriverUnavailableError,
     JobCancelledError,
+    JobDuplicateError,
     JobNotCancellableError,
     JobNotFoundError,
+    JobNotPromotableError,
+    JobNotRemovableError,
+    JobNotRequeueableError,
     JobPageInvalidError,
     StepNotResolvableError,
 )
 from jobs_core.ids import new_id
 from jobs_core.types import (
+    BULK_LIMIT,
     LEASE_LAPSED_FINAL_ATTEMPT,
     LIVE_STATES,
+    MAX_COUNTER_ROWS,
     MAX_JOB_PAGE,
+    BulkResult,
     BuriedJob,
     ClaimedJob,
     ClaimRequest,
+    CounterBucket,
+    CounterTier,
     EnqueueRequest,
     EnqueueResult,
     Fence,
@@ -86,10 +95,15 @@ from jobs_core.types import (
     StepRecord,
     StepWrite,
     StoredEvent,
+    TaskFire,
+    TaskFireRecord,
+    WorkerInfo,
     nack_state,
 )
 
-_CAPABILITIES = frozenset({"introspect", "leases", "events", "wake"})
+_CAPABILITIES = frozenset(
+    {"introspect", "leases", "events", "wake", "workers", "counters", "scheduler_state", "leader"}
+)
 _CURSOR = re.compile(r"mem1\|(-?\d{1,20})\|([0-9a-f]{32})")
 # A JSON ``\u0000`` escape, i.e. one not itself escaped by an odd run of backslashes.
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -99,6 +113,26 @@ _ONE_MS = timedelta(milliseconds=1)
 _ONE_US = timedelta(microseconds=1)
 _QUEUED = frozenset({JobState.READY, JobState.DELAYED, JobState.SUSPENDED})
 """States waiting on ``run_at`` (claimable once it has passed)."""
+_WAITING = frozenset({JobState.DELAYED, JobState.SUSPENDED})
+"""States an operator may promote while their ``run_at`` is still ahead."""
+_COUNTED: dict[JobState, str] = {
+    JobState.DONE: "done",
+    JobState.FAILED: "failed",
+    JobState.DEAD: "dead",
+}
+"""Finished states that add to the job's counters (a cancel is an operator's act, not an
+outcome)."""
+_TIER_WIDTH: dict[CounterTier, timedelta] = {
+    "1m": timedelta(minutes=1),
+    "5m": timedelta(minutes=5),
+    "1h": timedelta(hours=1),
+}
+_TIER_KEPT: dict[CounterTier, timedelta] = {
+    "1m": timedelta(hours=24),
+    "5m": timedelta(days=7),
+    "1h": timedelta(days=30),
+}
+_TIER_PARENT: dict[CounterTier, CounterTier | None] = {"1m": "5m", "5m": "1h", "1h": None}
 
 
 @dataclass(slots=True, eq=False)
@@ -145,6 +179,44 @@ class _Queue:
     pending: list[_Entry] = field(default_factory=list)
     due: list[_Entry] = field(default_factory=list)
     finished: dict[JobState, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class _Counts:
+    """Outcome counts of one counter bucket."""
+
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+    dead: int = 0
+    duration_ms: float = 0.0
+
+    def add(self, other: _Counts) -> None:
+        self.done += other.done
+        self.retried += other.retried
+        self.failed += other.failed
+        self.dead += other.dead
+        self.duration_ms += other.duration_ms
+
+    def bucket(self, name: str, tier: CounterTier, start: datetime) -> CounterBucket:
+        return CounterBucket(
+            name=name,
+            tier=tier,
+            bucket=start,
+            done=self.done,
+            retried=self.retried,
+            failed=self.failed,
+            dead=self.dead,
+            duration_ms=self.duration_ms,
+        )
+
+
+_CounterKey: TypeAlias = tuple[CounterTier, datetime]
+
+
+def _floor(instant: datetime, width: timedelta) -> datetime:
+    """Answer the start of the ``width``-long bucket holding ``instant`` (aligned on the epoch)."""
+    return _EPOCH + ((instant - _EPOCH) // width) * width
 
 
 @dataclass(slots=True, eq=False)
@@ -340,6 +412,14 @@ class _Memory:
         self.events: dict[str, list[_Event]] = {}
         self.leases: dict[str, list[_Slot]] = {}
         self.subscribers: dict[int, _Subscriber] = {}
+        self.watermarks: dict[str, datetime] = {}
+        self.task_fires: dict[str, TaskFireRecord] = {}
+        self.paused_tasks: set[str] = set()
+        self.leader: _Slot | None = None
+        # Worker id -> (its registry row, when the row expires).
+        self.workers: dict[str, tuple[WorkerInfo, datetime]] = {}
+        # Job name -> (tier, bucket start) -> outcome counts.
+        self.counters: dict[str, dict[_CounterKey, _Counts]] = {}
 
     def now(self) -> datetime:
         """Answer the clock's instant, refusing every call once the driver is closed."""
@@ -356,8 +436,12 @@ class _Memory:
         row.token += 1
         heapq.heappush(self.queues[row.queue].pending, (at, row.seq, row.token, row))
 
-    def finish(self, row: _Row, state: JobState, now: datetime) -> None:
-        """Settle ``row`` in a finished state: it leaves the heaps and frees its live key."""
+    def finish(self, row: _Row, state: JobState, now: datetime, duration_ms: float = 0.0) -> None:
+        """Settle ``row`` in a finished state: it leaves the heaps and frees its live key.
+
+        ``done``, ``failed`` and ``dead`` add to the job's counters (``duration_ms`` with
+        ``done``).
+        """
         row.state = state
         row.updated_at = now
         row.token += 1
@@ -367,6 +451,106 @@ class _Memory:
             del self.keys[key]
         counts = self.queues[row.queue].finished
         counts[state] = counts.get(state, 0) + 1
+        outcome = _COUNTED.get(state)
+        if outcome is not None:
+            self.count(row.name, outcome, now, duration_ms)
+
+    def count(self, name: str, outcome: str, now: datetime, duration_ms: float = 0.0) -> None:
+        """Add one ``outcome`` (``done``/``retried``/``failed``/``dead``) to its minute bucket."""
+        per_name = self.counters.setdefault(name, {})
+        key: _CounterKey = ("1m", _floor(now, _TIER_WIDTH["1m"]))
+        counts = per_name.get(key)
+        if counts is None:
+            counts = per_name[key] = _Counts()
+        setattr(counts, outcome, getattr(counts, outcome) + 1)
+        counts.duration_ms += duration_ms
+
+    def requeue(self, row: _Row, from_step: str | None, now: datetime) -> None:
+        """Make a finished row ``ready`` now with a fresh attempt budget (see ``requeue``).
+
+        Raises:
+            JobNotRequeueableError: ``X_JOB_NOT_REQUEUEABLE`` for a live row.
+            JobDuplicateError: ``X_JOB_DUPLICATE`` when another live row holds its key.
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a ``from_step`` the run
+                has no record of.
+        """
+        if row.state in LIVE_STATES:
+            raise JobNotRequeueableError(
+                f"job {row.id} is still live ({row.state}); cancel it first to requeue it",
+                job_id=str(row.id),
+                state=str(row.state),
+            )
+        key = _live_key(row)
+        holder = self.keys.get(key)
+        if holder is not None:
+            raise JobDuplicateError(
+                f"job {holder.id} is live with the same key {row.idempotency_key!r}",
+                job_id=str(row.id),
+                holder=str(holder.id),
+            )
+        run = self.steps.get(row.run_id, {})
+        if from_step is not None:
+            start = run.get(from_step)
+            if start is None:
+                raise DriverRequestInvalidError(
+                    f"job {row.id} has no step named {from_step!r}",
+                    job_id=str(row.id),
+                    step=from_step,
+                )
+            cut = start.record.seq
+            for name in [n for n, step in run.items() if step.record.seq >= cut]:
+                del run[name]
+        self.queues[row.queue].finished[row.state] -= 1
+        row.state = JobState.READY
+        row.attempts = 0
+        row.run_at = now
+        row.visible_at = None
+        row.result = "null"
+        row.progress = "null"
+        row.updated_at = now
+        self.live[row.id] = row
+        self.keys[key] = row
+        self.file(row, now)
+
+    def promote(self, row: _Row, now: datetime) -> None:
+        """Make a waiting row due now (a ``delayed`` one becomes ``ready``).
+
+        Raises:
+            JobNotPromotableError: ``X_JOB_NOT_PROMOTABLE`` unless the row is ``delayed`` or
+                ``suspended`` with its ``run_at`` ahead.
+        """
+        if not self.promotable(row, now):
+            raise JobNotPromotableError(
+                f"job {row.id} is not waiting on run_at ({row.state}, due {row.run_at})",
+                job_id=str(row.id),
+                state=str(row.state),
+            )
+        if row.state is JobState.DELAYED:
+            row.state = JobState.READY
+        row.run_at = now
+        row.updated_at = now
+        self.file(row, now)
+
+    @staticmethod
+    def promotable(row: _Row, now: datetime) -> bool:
+        return row.state in _WAITING and row.run_at > now
+
+    def requeueable(self, row: _Row) -> bool:
+        """Whether a bulk requeue takes ``row``: finished, and no live row holds its key."""
+        return row.state not in LIVE_STATES and _live_key(row) not in self.keys
+
+    def drop(self, row: _Row) -> None:
+        """Delete a non-running row and its run's steps; the caller removes it from ``listing``."""
+        del self.rows[row.id]
+        if row.id in self.live:
+            del self.live[row.id]
+            key = _live_key(row)
+            if self.keys.get(key) is row:
+                del self.keys[key]
+            row.token += 1  # its heap entries are stale from now on
+        else:
+            self.queues[row.queue].finished[row.state] -= 1
+        self.steps.pop(row.run_id, None)
 
     def fenced(self, job_id: UUID, fence: Fence) -> _Row | None:
         """Answer the row if it is ``running`` under ``fence``, else ``None``."""
@@ -660,6 +844,166 @@ class MemoryIntrospector:
             self._m.now()
             return sorted(self._m.paused)
 
+    async def requeue(self, job_id: UUID, from_step: str | None = None) -> JobInfo:
+        """Queue a finished job again: ``ready`` now, ``attempt`` 0, same run and claim ordinal.
+
+        Its result and progress are cleared; its last error is kept for the record. Without
+        ``from_step`` every step record is kept, so the run replays them (a dead saga's finished
+        compensators are not run again); with it, that step and every later one (by ``seq``) are
+        deleted under the same lock as the state change.
+
+        Returns:
+            The requeued job, with its remaining steps.
+
+        Raises:
+            JobNotFoundError: ``X_JOB_NOT_FOUND``.
+            JobNotRequeueableError: ``X_JOB_NOT_REQUEUEABLE`` for a live row.
+            JobDuplicateError: ``X_JOB_DUPLICATE`` when another live row holds its key.
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a ``from_step`` the run
+                has no record of (nothing changes).
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            now = self._m.now()
+            row = self._row(job_id)
+            self._m.requeue(row, from_step, now)
+            job = self._m.info(row, with_steps=True)
+        self._m.notify([job.queue])
+        return job
+
+    async def remove(self, job_id: UUID) -> None:
+        """Delete a job that is not running, with its run's steps; a live one frees its key.
+
+        Raises:
+            JobNotFoundError: ``X_JOB_NOT_FOUND``.
+            JobNotRemovableError: ``X_JOB_NOT_REMOVABLE`` for a ``running`` row.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            self._m.now()
+            row = self._row(job_id)
+            if row.state is JobState.RUNNING:
+                raise JobNotRemovableError(
+                    f"job {job_id} is running; cancel it first", job_id=str(job_id)
+                )
+            self._m.drop(row)
+            listing = self._m.listing
+            del listing[bisect_left(listing, _position(row), key=_position)]
+
+    async def promote(self, job_id: UUID) -> JobInfo:
+        """Make a ``delayed`` or ``suspended`` row whose ``run_at`` is ahead due now.
+
+        A ``delayed`` row becomes ``ready``; a ``suspended`` one stays ``suspended`` and is
+        claimed at once (a waiting step that finds nothing parks again).
+
+        Returns:
+            The promoted job, with its steps.
+
+        Raises:
+            JobNotFoundError: ``X_JOB_NOT_FOUND``.
+            JobNotPromotableError: ``X_JOB_NOT_PROMOTABLE`` for any other row.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            now = self._m.now()
+            row = self._row(job_id)
+            self._m.promote(row, now)
+            job = self._m.info(row, with_steps=True)
+        self._m.notify([job.queue])
+        return job
+
+    async def requeue_many(self, flt: JobFilter) -> BulkResult:
+        """Requeue up to ``BULK_LIMIT`` finished rows matching ``flt``, newest first.
+
+        Each is requeued as :meth:`requeue` without ``from_step``. A row whose key a live row
+        holds (another row, or one requeued earlier in this call) stays and is not counted in
+        ``remaining``. ``flt.limit``, ``flt.after`` and ``flt.before`` are ignored.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a naive
+                ``created_from``/``created_to``.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        m = self._m
+        return self._bulk(
+            flt,
+            lambda row, now: m.requeueable(row),
+            lambda row, now: m.requeue(row, None, now),
+        )
+
+    async def remove_many(self, flt: JobFilter) -> BulkResult:
+        """Remove up to ``BULK_LIMIT`` rows matching ``flt`` that are not running, newest first.
+
+        As :meth:`remove` for each; ``flt.limit``, ``flt.after`` and ``flt.before`` are ignored.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a naive
+                ``created_from``/``created_to``.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        removed: set[UUID] = set()
+
+        def remove(row: _Row, now: datetime) -> None:
+            self._m.drop(row)
+            removed.add(row.id)
+
+        def relist() -> None:
+            # One rebuild rather than a list deletion per row.
+            if removed:
+                self._m.listing = [row for row in self._m.listing if row.id not in removed]
+
+        return self._bulk(flt, lambda row, now: row.state is not JobState.RUNNING, remove, relist)
+
+    async def promote_many(self, flt: JobFilter) -> BulkResult:
+        """Promote up to ``BULK_LIMIT`` waiting rows matching ``flt``, newest first.
+
+        As :meth:`promote` for each; ``flt.limit``, ``flt.after`` and ``flt.before`` are ignored.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a naive
+                ``created_from``/``created_to``.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        return self._bulk(flt, self._m.promotable, self._m.promote)
+
+    def _row(self, job_id: UUID) -> _Row:
+        """Answer the row with ``job_id`` (the caller holds the lock), or raise not found."""
+        row = self._m.rows.get(job_id)
+        if row is None:
+            raise JobNotFoundError(f"no job has id {job_id}", job_id=str(job_id))
+        return row
+
+    def _bulk(
+        self,
+        flt: JobFilter,
+        eligible: Callable[[_Row, datetime], bool],
+        apply: Callable[[_Row, datetime], None],
+        then: Callable[[], None] | None = None,
+    ) -> BulkResult:
+        """Apply ``apply`` to up to ``BULK_LIMIT`` eligible rows matching ``flt``, newest first.
+
+        Eligibility is checked just before each row is changed, so a change earlier in the call
+        (a key taken by a requeue) counts; ``then`` runs under the same lock after the last
+        change, and ``remaining`` is counted after it.
+        """
+        keep = _row_filter(flt)
+        woken: set[str] = set()
+        with self._m.lock:
+            now = self._m.now()
+            affected = 0
+            for row in reversed(list(self._m.listing)):
+                if affected == BULK_LIMIT:
+                    break
+                if keep(row) and eligible(row, now):
+                    apply(row, now)
+                    affected += 1
+                    woken.add(row.queue)
+            if then is not None:
+                then()
+            remaining = sum(1 for row in self._m.rows.values() if keep(row) and eligible(row, now))
+        self._m.notify(woken)
+        return BulkResult(affected=affected, remaining=remaining)
+
     # Last in the class: inside this class body ``list`` names this method.
     async def list(self, flt: JobFilter) -> JobPage:
         """Answer one page of jobs, newest first by ``(created_at, id)``, without step traces.
@@ -832,6 +1176,10 @@ class MemoryEventBus:
     publish wakes its waiters whatever key they wait on; a woken run that :meth:`find` does not
     satisfy parks again, so such a wake costs one claim and changes nothing.
 
+    A publish lands at once: there is no transaction here for it to join (a
+    :class:`~jobs_core.outbox.MemoryTransaction` holds only staged enqueues). :meth:`reset` makes
+    it a :class:`~jobs_core.driver.ResettableEventBus`.
+
     Attributes:
         wakes_waiters: always ``True``.
 
@@ -952,6 +1300,20 @@ class MemoryEventBus:
                     del self._m.events[name]
             return purged
 
+    async def reset(self) -> int:
+        """Delete every event, expired or not; answer how many (``reset_event_bus``'s seam).
+
+        Waiting steps and their runs are untouched: they match only events published later.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            self._m.now()
+            deleted = sum(len(events) for events in self._m.events.values())
+            self._m.events.clear()
+            return deleted
+
 
 class MemoryWakeSource:
     """The memory driver's :class:`~jobs_core.driver.WakeSource`.
@@ -990,17 +1352,402 @@ class MemoryWakeSource:
         return unsubscribe
 
 
+def _task_name(task: str) -> str:
+    """Answer ``task`` if it is a usable task name, else raise ``X_DRIVER_REQUEST_INVALID``."""
+    if not isinstance(task, str) or not task:
+        raise DriverRequestInvalidError("a task name must be non-empty text", task=repr(task))
+    return task
+
+
+def _forward(task: str, expected: datetime | None, to: datetime, what: str) -> datetime:
+    """Answer ``to`` in UTC, refusing a move that is not past ``expected`` (never backwards)."""
+    moved = _utc(to, what)
+    if expected is not None and moved <= _utc(expected, "expected"):
+        raise DriverRequestInvalidError(
+            f"task {task!r}: {what} {moved.isoformat()} is not after the watermark "
+            f"{expected.isoformat()} it expects; a watermark never moves backwards",
+            task=task,
+        )
+    return moved
+
+
+class MemorySchedulerState:
+    """The memory driver's :class:`~jobs_core.driver.SchedulerState`.
+
+    A fire compares the watermark, inserts its rows through the driver's own enqueue path
+    (dedupe on live keys and explicit ids) and moves the watermark under the driver's one lock,
+    with no await in between, so no other caller (a second scheduler's fire, a claim, an
+    operator) ever sees the rows without the watermark or the reverse.
+
+    Args:
+        driver: the driver whose rows the fires insert.
+    """
+
+    def __init__(self, driver: MemoryDriver) -> None:
+        """Serve ``driver`` (the arguments are described in the class docstring)."""
+        self._driver = driver
+        self._m = driver._m
+
+    async def watermarks(self) -> dict[str, datetime]:
+        """Answer every task's watermark (UTC) by task name.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            self._m.now()
+            return dict(self._m.watermarks)
+
+    async def fire(self, fire: TaskFire) -> list[EnqueueResult] | None:
+        """Enqueue ``fire.requests`` and move the watermark, only if it is ``fire.expected``.
+
+        Returns:
+            The enqueue results in request order; ``None``, writing nothing, when the stored
+            watermark is not ``fire.expected`` (another scheduler fired first).
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID``, writing nothing, for an empty
+                task name, a naive instant, an occurrence not after ``fire.expected``, a
+                ``fire.watermark`` before the occurrence, or a request :meth:`MemoryDriver.enqueue`
+                refuses.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        task = _task_name(fire.task)
+        occurrence = _forward(task, fire.expected, fire.occurrence, "occurrence")
+        watermark = occurrence if fire.watermark is None else _utc(fire.watermark, "watermark")
+        if watermark < occurrence:
+            raise DriverRequestInvalidError(
+                f"task {task!r}: the watermark {watermark.isoformat()} is before the occurrence "
+                f"{occurrence.isoformat()} it fires",
+                task=task,
+            )
+        driver = self._driver
+        inputs = [driver._checked_input(req) for req in fire.requests]
+        woken: set[str] = set()
+        with self._m.lock:
+            now = self._m.now()
+            if self._m.watermarks.get(task) != fire.expected:
+                return None
+            # Every due instant is computed before the first insert so a bad one writes nothing.
+            due = [driver._due_at(req, now) for req in fire.requests]
+            results = [
+                driver._insert(req, text, run_at, now, woken)
+                for req, text, run_at in zip(fire.requests, inputs, due, strict=True)
+            ]
+            self._m.watermarks[task] = watermark
+            self._m.task_fires[task] = TaskFireRecord(
+                task=task,
+                occurrence=occurrence,
+                watermark=watermark,
+                fired_at=now,
+                job_ids=tuple(result.id for result in results),
+            )
+        self._m.notify(woken)
+        return results
+
+    async def advance(self, task: str, expected: datetime | None, to: datetime) -> bool:
+        """Move ``task``'s watermark to ``to`` without firing, only if it is ``expected``.
+
+        Returns:
+            ``True`` when moved; ``False``, writing nothing, when the stored watermark is not
+            ``expected``.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty task name, a
+                naive ``to``, or a ``to`` not after ``expected``.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        name = _task_name(task)
+        moved = _forward(name, expected, to, "to")
+        with self._m.lock:
+            self._m.now()
+            if self._m.watermarks.get(name) != expected:
+                return False
+            self._m.watermarks[name] = moved
+            return True
+
+    async def task_fires(self) -> list[TaskFireRecord]:
+        """Answer the last fire of every task that ever fired, sorted by task name.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            self._m.now()
+            return [self._m.task_fires[name] for name in sorted(self._m.task_fires)]
+
+    async def paused_tasks(self) -> list[str]:
+        """Answer the paused tasks, sorted.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            self._m.now()
+            return sorted(self._m.paused_tasks)
+
+    async def pause_task(self, task: str) -> None:
+        """Stop dispatching ``task`` (its watermark stays where it is; pausing twice is fine).
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty task name.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        name = _task_name(task)
+        with self._m.lock:
+            self._m.now()
+            self._m.paused_tasks.add(name)
+
+    async def resume_task(self, task: str) -> None:
+        """Dispatch ``task`` again; its catch-up policy decides what it missed.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty task name.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        name = _task_name(task)
+        with self._m.lock:
+            self._m.now()
+            self._m.paused_tasks.discard(name)
+
+
+class MemoryLeaderLease:
+    """The memory driver's :class:`~jobs_core.driver.LeaderLease`: one lease with an expiry.
+
+    The lease names its holder (a scheduler's incarnation id) and expires on the driver's clock;
+    an expired lease is free to anyone, and its holder renews it by acquiring again.
+
+    Args:
+        memory: the driver's shared state.
+    """
+
+    def __init__(self, memory: _Memory) -> None:
+        """Serve ``memory`` (the arguments are described in the class docstring)."""
+        self._m = memory
+
+    async def acquire(self, holder: str, ttl_ms: int) -> bool:
+        """Take the lease for ``holder`` until now plus ``ttl_ms``, or renew it.
+
+        Returns:
+            ``True`` when ``holder`` holds it now (taken free, taken lapsed, or renewed);
+            ``False`` when another holder's lease is unexpired.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty holder or
+                ``ttl_ms`` below 1.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        if not isinstance(holder, str) or not holder or ttl_ms < 1:
+            raise DriverRequestInvalidError(
+                "the leader lease needs a non-empty holder and ttl_ms >= 1", ttl_ms=ttl_ms
+            )
+        with self._m.lock:
+            now = self._m.now()
+            until = _plus_ms(now, ttl_ms, "ttl_ms")
+            lease = self._m.leader
+            if lease is not None and lease.expires_at > now and lease.holder != holder:
+                return False
+            self._m.leader = _Slot(holder, until)
+            return True
+
+    async def release(self, holder: str) -> None:
+        """Free the lease if ``holder`` holds it (nothing happens otherwise).
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            self._m.now()
+            if self._m.leader is not None and self._m.leader.holder == holder:
+                self._m.leader = None
+
+    async def holder(self) -> str | None:
+        """Answer the unexpired holder, or ``None`` when the lease is free or lapsed.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            now = self._m.now()
+            lease = self._m.leader
+            return lease.holder if lease is not None and lease.expires_at > now else None
+
+
+class MemoryWorkerRegistry:
+    """The memory driver's :class:`~jobs_core.driver.WorkerRegistry`: rows with an expiry.
+
+    Args:
+        memory: the driver's shared state.
+    """
+
+    def __init__(self, memory: _Memory) -> None:
+        """Serve ``memory`` (the arguments are described in the class docstring)."""
+        self._m = memory
+
+    async def beat(self, info: WorkerInfo, ttl_ms: int) -> None:
+        """Insert or replace ``info.id``'s row, expiring ``ttl_ms`` after now.
+
+        The stored row's ``last_heartbeat`` is the driver clock's now and its ``in_flight`` is cut
+        to the first 100 ids.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for ``ttl_ms`` below 1.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        if ttl_ms < 1:
+            raise DriverRequestInvalidError("a worker row needs ttl_ms >= 1", ttl_ms=ttl_ms)
+        with self._m.lock:
+            now = self._m.now()
+            row = replace(info, in_flight=tuple(info.in_flight[:100]), last_heartbeat=now)
+            self._m.workers[info.id] = (row, _plus_ms(now, ttl_ms, "ttl_ms"))
+
+    async def remove(self, worker_id: str) -> None:
+        """Delete a worker's row (nothing happens if it has none).
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            self._m.now()
+            self._m.workers.pop(worker_id, None)
+
+    async def list(self) -> list[WorkerInfo]:
+        """Answer the unexpired rows sorted by id, dropping the expired ones.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            now = self._m.now()
+            workers = self._m.workers
+            for worker_id in [w for w, (_, until) in workers.items() if until <= now]:
+                del workers[worker_id]
+            return [workers[worker_id][0] for worker_id in sorted(workers)]
+
+
+class MemoryCounterStore:
+    """The memory driver's :class:`~jobs_core.driver.CounterStore`.
+
+    Settles add to the 1-minute bucket holding the driver clock's now (:meth:`MemoryDriver.ack`
+    and :meth:`MemoryDriver.nack`, and burials in :meth:`MemoryDriver.claim`). Buckets are aligned
+    on the Unix epoch. :meth:`rollup` folds whole groups, so the tiers never overlap in time: a
+    1-minute bucket folds into its 5-minute bucket once that whole 5-minute bucket is more than
+    24 h old, a 5-minute bucket into its hour once that whole hour is more than 7 d old, and an
+    hour bucket is dropped once it is more than 30 d old.
+
+    Args:
+        memory: the driver's shared state.
+    """
+
+    def __init__(self, memory: _Memory) -> None:
+        """Serve ``memory`` (the arguments are described in the class docstring)."""
+        self._m = memory
+
+    async def counters(self, name: str, since: datetime) -> list[CounterBucket]:
+        """Answer ``name``'s buckets that end after ``since``, oldest first.
+
+        At most ``MAX_COUNTER_ROWS`` (4,176), the newest: every bucket while :meth:`rollup` runs
+        at least daily.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a naive ``since``.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        since = _utc(since, "since")
+        with self._m.lock:
+            self._m.now()
+            found = [
+                counts.bucket(name, tier, start)
+                for (tier, start), counts in self._m.counters.get(name, {}).items()
+                if start + _TIER_WIDTH[tier] > since
+            ]
+        found.sort(key=lambda bucket: bucket.bucket)
+        return found[-MAX_COUNTER_ROWS:]
+
+    async def totals(self, since: datetime) -> dict[str, CounterBucket]:
+        """Answer, per job name with a bucket ending after ``since``, the sum of those buckets.
+
+        Each total's ``bucket`` is ``since`` and its ``tier`` the coarsest tier summed.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a naive ``since``.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        since = _utc(since, "since")
+        order: tuple[CounterTier, ...] = ("1m", "5m", "1h")
+        totals: dict[str, CounterBucket] = {}
+        with self._m.lock:
+            self._m.now()
+            for name in sorted(self._m.counters):
+                summed = _Counts()
+                tiers: set[CounterTier] = set()
+                for (tier, start), counts in self._m.counters[name].items():
+                    if start + _TIER_WIDTH[tier] > since:
+                        summed.add(counts)
+                        tiers.add(tier)
+                if tiers:
+                    coarsest = max(tiers, key=order.index)
+                    totals[name] = summed.bucket(name, coarsest, since)
+        return totals
+
+    async def rollup(self) -> int:
+        """Fold aged buckets into the next tier and drop expired hour buckets.
+
+        One call catches up however long it was since the last: a minute bucket old enough to
+        fold twice ends in its hour bucket.
+
+        Returns:
+            How many buckets were folded or dropped.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        changed = 0
+        with self._m.lock:
+            now = self._m.now()
+            for name in list(self._m.counters):
+                buckets = self._m.counters[name]
+                for tier in _TIER_PARENT:
+                    changed += _fold(buckets, tier, now)
+                if not buckets:
+                    del self._m.counters[name]
+        return changed
+
+
+def _fold(buckets: dict[_CounterKey, _Counts], tier: CounterTier, now: datetime) -> int:
+    """Fold ``tier``'s aged buckets into their parent tier (drop them for ``1h``); answer how many.
+
+    A bucket ages when its whole parent bucket (for ``1h``: the bucket itself) ended more than the
+    tier's retention ago.
+    """
+    parent = _TIER_PARENT[tier]
+    cutoff = now - _TIER_KEPT[tier]
+    width = _TIER_WIDTH[tier if parent is None else parent]
+    aged = [key for key in buckets if key[0] == tier and _floor(key[1], width) + width <= cutoff]
+    for key in aged:
+        counts = buckets.pop(key)
+        if parent is not None:
+            into: _CounterKey = (parent, _floor(key[1], width))
+            buckets.setdefault(into, _Counts()).add(counts)
+    return len(aged)
+
+
 class MemoryDriver:
     """The in-memory :class:`~jobs_core.driver.JobDriver` with every capability it can carry.
 
     Attributes:
         name: ``"memory"``.
-        capabilities: ``introspect``, ``leases``, ``events`` and ``wake``.
+        capabilities: ``introspect``, ``leases``, ``events``, ``wake``, ``workers``,
+            ``counters``, ``scheduler_state`` and ``leader``.
         steps: the step store (:class:`MemoryStepStore`).
         introspect: the operator surface (:class:`MemoryIntrospector`).
         leases: the lease store (:class:`MemoryLeaseStore`).
         events: the event bus (:class:`MemoryEventBus`, which wakes waiters).
         wake: the wake source (:class:`MemoryWakeSource`).
+        workers: the worker registry (:class:`MemoryWorkerRegistry`).
+        counters: the outcome counters (:class:`MemoryCounterStore`).
+        scheduler_state: cron watermarks and fires (:class:`MemorySchedulerState`).
+        leader: the scheduler's leader lease (:class:`MemoryLeaderLease`).
 
     Args:
         clock: the clock every time decision reads (due rows, leases, expiry, timestamps);
@@ -1023,6 +1770,10 @@ class MemoryDriver:
         self.leases = MemoryLeaseStore(self._m)
         self.events = MemoryEventBus(self._m)
         self.wake = MemoryWakeSource(self._m)
+        self.workers = MemoryWorkerRegistry(self._m)
+        self.counters = MemoryCounterStore(self._m)
+        self.scheduler_state = MemorySchedulerState(self)
+        self.leader = MemoryLeaderLease(self._m)
 
     async def enqueue(self, req: EnqueueRequest) -> EnqueueResult:
         """Queue one row (the one-element case of :meth:`enqueue_many`).
@@ -1271,7 +2022,8 @@ class MemoryDriver:
         """Settle a row ``done`` with ``by.result``; fenced on ``running`` and ``by.fence``.
 
         The attempt is counted, so the row's spent attempts equal the attempts it used. It frees
-        the row's idempotency key.
+        the row's idempotency key and adds ``done`` (and ``by.duration_ms``) to the job's current
+        1-minute counter bucket.
 
         Returns:
             ``True`` when settled; ``False``, changing nothing, when someone else owns the row.
@@ -1288,7 +2040,7 @@ class MemoryDriver:
                 return False
             row.attempts += 1
             row.result = result
-            self._m.finish(row, JobState.DONE, now)
+            self._m.finish(row, JobState.DONE, now, by.duration_ms or 0.0)
             return True
 
     async def nack(self, job_id: UUID, opts: NackOptions) -> bool:
@@ -1297,7 +2049,9 @@ class MemoryDriver:
         The attempt is counted when ``opts.count_attempt``, except for a park (``suspended``),
         which never counts. ``opts.error``, when given, becomes the row's last error. A
         ``ready``/``delayed``/``suspended`` row is due at now plus ``opts.delay_ms`` (wake
-        subscribers hear its queue when that is now); ``dead``/``failed`` frees its key.
+        subscribers hear its queue when that is now); ``dead``/``failed`` frees its key. The
+        job's current 1-minute counter bucket gains ``dead``, ``failed``, or ``retried`` (a
+        counted attempt settled ``ready``/``delayed``).
 
         Returns:
             ``True`` when settled; ``False``, changing nothing, when someone else owns the row.
@@ -1328,6 +2082,8 @@ class MemoryDriver:
                 self._m.file(row, run_at)
                 if run_at <= now:
                     woken.add(row.queue)
+                if opts.count_attempt and target is not JobState.SUSPENDED:
+                    self._m.count(row.name, "retried", now)
             else:
                 self._m.finish(row, target, now)
         self._m.notify(woken)

@@ -1,0 +1,218 @@
+"""The orchestrator's side of each figure: prepare the backend, start the children, collect.
+
+Every figure of every system runs once per round and the rounds repeat (``--repeat``), so a
+slow minute of the shared machine hits every system alike; the table quotes medians.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.common import (
+    Background,
+    child_argv,
+    ChildFailed,
+    drop_database,
+    flush_redis,
+    fresh_database,
+    median,
+    run_child,
+)
+
+OURS_DB = "bench_ours"
+FLOOR_DB = "bench_floor"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each figure does."""
+
+    single: int
+    batch_total: int
+    processing: int
+    durable: int
+    pickup: int
+    floor_serial: int
+    floor_batch: int
+    floor_redis_plain: int
+    floor_redis_pipelined: int
+
+    @classmethod
+    def full(cls) -> Sizes:
+        """The issue's sizes."""
+        return cls(2_000, 20_000, 10_000, 2_000, 50, 2_000, 20_000, 10_000, 100_000)
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        """A smoke run: every path exercised, figures noisier."""
+        return cls(300, 5_000, 2_000, 300, 10, 300, 5_000, 2_000, 20_000)
+
+
+BATCH = 1_000
+"""Inputs per ``enqueue_many`` call in the batch-enqueue figure."""
+
+
+@dataclass
+class Figure:
+    """One figure of one system: every repeat's result and the quoted median."""
+
+    figure: str
+    system: str
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    def value(self, key: str = "value") -> float | None:
+        """Answer the median of ``key`` over the runs (``None`` with no run)."""
+        values = [r[key] for r in self.runs if key in r]
+        return median(values) if values else None
+
+    def as_json(self) -> dict[str, Any]:
+        """Answer a JSON-able record."""
+        out: dict[str, Any] = {"figure": self.figure, "system": self.system, "runs": self.runs}
+        for key in ("value", "p50", "p95", "max"):
+            value = self.value(key)
+            if value is not None:
+                out[f"median_{key}"] = value
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+class Results:
+    """Every figure collected in this run, by ``(figure, system)``."""
+
+    def __init__(self) -> None:
+        """Start empty."""
+        self.figures: dict[tuple[str, str], Figure] = {}
+        self.notes: list[str] = []
+
+    def get(self, figure: str, system: str) -> Figure:
+        """Answer (creating) the record of ``figure`` for ``system``."""
+        key = (figure, system)
+        if key not in self.figures:
+            self.figures[key] = Figure(figure, system)
+        return self.figures[key]
+
+    def record(self, figure: str, system: str, run: Callable[[], dict[str, Any]]) -> None:
+        """Run one repeat; keep its result, or the error (the run goes on without it)."""
+        entry = self.get(figure, system)
+        if entry.error is not None:
+            return  # it failed once: do not spend the run's time failing again
+        started = time.monotonic()
+        try:
+            result = run()
+        except (ChildFailed, AssertionError, TimeoutError, OSError) as exc:
+            entry.error = str(exc).splitlines()[0][:300]
+            print(f"  {figure:<16} {system:<14} FAILED: {exc}", file=sys.stderr, flush=True)
+            return
+        entry.runs.append(result)
+        shown = (
+            f"p50 {result['p50']:.2f} p95 {result['p95']:.2f} max {result['max']:.2f} ms"
+            if "p50" in result
+            else f"{result.get('value', 0):,.0f} {result.get('unit', '')}"
+        )
+        took = time.monotonic() - started
+        print(f"  {figure:<16} {system:<14} {shown}  ({took:.1f} s)", file=sys.stderr, flush=True)
+
+
+# --- our drivers -------------------------------------------------------------------------------
+
+
+def ours_url(driver: str) -> str:
+    """Prepare an empty backend for our ``driver`` and answer its URL."""
+    if driver == "memory":
+        return "memory://"
+    if driver == "pg":
+        return fresh_database(OURS_DB)
+    if driver == "redis":
+        return flush_redis("ours")
+    raise ValueError(driver)
+
+
+def ours_enqueue_single(driver: str, sizes: Sizes) -> dict[str, Any]:
+    """One ``await enqueue`` at a time."""
+    return run_child("ours-enqueue-single", {"url": ours_url(driver), "n": sizes.single})
+
+
+def ours_enqueue_many(driver: str, sizes: Sizes) -> dict[str, Any]:
+    """``enqueue_many`` in batches of 1,000."""
+    return run_child(
+        "ours-enqueue-many", {"url": ours_url(driver), "n": sizes.batch_total, "batch": BATCH}
+    )
+
+
+def ours_drain(driver: str, which: str, n: int, concurrency: int) -> dict[str, Any]:
+    """Fill ``n`` rows (another process, except on memory) then drain them with one worker."""
+    url = ours_url(driver)
+    in_process = driver == "memory"
+    if not in_process:
+        run_child("ours-fill", {"url": url, "which": which, "n": n})
+    return run_child(
+        "ours-drain",
+        {"url": url, "which": which, "n": n, "concurrency": concurrency, "fill_here": in_process},
+    )
+
+
+def ours_pickup(driver: str, sizes: Sizes, concurrency: int) -> dict[str, Any]:
+    """An idle worker process; probes enqueued 200 ms apart by another process."""
+    url = ours_url(driver)
+    args = {"url": url, "n": sizes.pickup, "concurrency": concurrency}
+    if driver == "memory":
+        # The memory store lives in one process: the enqueuer is a thread with its own loop.
+        return run_child("ours-latency-worker", args | {"enqueue_here": True})
+    worker = Background(child_argv("ours-latency-worker", args | {"enqueue_here": False}))
+    try:
+        worker.wait_ready()
+        run_child("ours-latency-enqueuer", {"url": url, "n": sizes.pickup, "gap_ms": 200})
+        return worker.finish(timeout=120)
+    finally:
+        worker.terminate()
+
+
+def ours_rss(driver: str, checkpoints: list[int], concurrency: int) -> dict[str, Any]:
+    """Worker RSS after each checkpoint of no-op jobs (filled up front)."""
+    url = ours_url(driver)
+    in_process = driver == "memory"
+    if not in_process:
+        run_child("ours-fill", {"url": url, "which": "noop", "n": max(checkpoints)}, timeout=3600)
+    return run_child(
+        "ours-rss",
+        {
+            "url": url,
+            "checkpoints": checkpoints,
+            "concurrency": concurrency,
+            "fill_here": in_process,
+        },
+        timeout=4 * 3600,
+    )
+
+
+def cleanup_ours() -> None:
+    """Drop what our figures created."""
+    try:
+        drop_database(OURS_DB)
+    except Exception as exc:  # the server may be down; nothing else to clean
+        print(f"  cleanup: {exc}", file=sys.stderr)
+
+
+# --- floors ------------------------------------------------------------------------------------
+
+
+def floor(name: str, n: int) -> dict[str, Any]:
+    """Run one floor in a child against a fresh database or db index."""
+    url = fresh_database(FLOOR_DB) if name.startswith("pg") else flush_redis("floor")
+    return run_child(f"floor-{name}", {"url": url, "n": n})
+
+
+def cleanup_floors() -> None:
+    """Drop the floors' database and empty their db index."""
+    try:
+        drop_database(FLOOR_DB)
+        flush_redis("floor")
+    except Exception as exc:
+        print(f"  cleanup: {exc}", file=sys.stderr)
+

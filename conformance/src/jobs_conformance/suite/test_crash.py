@@ -1,0 +1,90 @@
+"""Crash-proof: each reference job killed at every step boundary recovers as a clean run.
+
+With a ``crash_worker_command`` the kills are real SIGKILLs of worker subprocesses; without one
+(the memory driver) the attempt is cancelled at the boundary in-process and its lease abandoned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobs_conformance import reference
+from jobs_conformance.crash import SubprocessRun
+from jobs_conformance.plugin import KILL_POINTS
+from jobs_conformance.target import Target
+from jobs_core._crash import (
+    CrashReport,
+    InProcessRun,
+    check_recovery,
+    kill_points,
+)
+from jobs_core.errors import CrashDivergedError
+from jobs_core.job import JobHandle, JobRegistry
+
+WorkerCommand = Callable[[str], Sequence[str]] | None
+
+
+async def _check(
+    target: Target, command: WorkerCommand, handle: JobHandle[Any, Any], workdir: Path
+) -> CrashReport:
+    """Run the clean scenario, then one killed at each boundary, checking every recovery."""
+    if command is not None:
+        runner = SubprocessRun(target.driver, command, workdir, reference.EVENTS)
+
+        async def scenario(kill_at: int | None) -> Any:
+            return await runner.run(handle, kill_at)
+
+    else:
+        registry = JobRegistry()
+        registry.register(handle)
+        logs = iter(range(1_000_000))
+        in_process = InProcessRun(
+            target.driver, registry, target.clock, 1_000, reference.EVENTS, None
+        )
+
+        async def scenario(kill_at: int | None) -> Any:
+            log = workdir / f"{handle.name}-{next(logs)}.log"
+            in_process.effects = lambda: reference.effects_of(str(log))
+            tag = log.stem.replace(".", "-")
+            return await in_process.run(handle, reference.RefInput(log=str(log), tag=tag), kill_at)
+
+    clean = await scenario(None)
+    points = kill_points(clean)
+    for kill in points:
+        crashed = await scenario(kill.index)
+        check_recovery(handle.name, clean, crashed, kill)
+    return CrashReport(handle.name, (clean.state, clean.code), dict(clean.effects), tuple(points))
+
+
+@pytest.mark.parametrize("name", sorted(reference.CRASH_PROOF))
+async def test_a_reference_job_recovers_from_a_kill_at_every_boundary(
+    target: Target,
+    crash_worker_command: WorkerCommand,
+    name: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Killed at each boundary, the job settles as a clean run with no effect repeated."""
+    handle, boundaries = reference.CRASH_PROOF[name]
+    if name == "wait":
+        target.require("events")
+    report = await _check(target, crash_worker_command, handle, tmp_path)
+    assert len(report.kill_points) == boundaries, [str(k) for k in report.kill_points]
+    assert report.outcome[0] in ("done", "dead")
+    request.config.stash[KILL_POINTS].append((name, len(report.kill_points)))
+    request.node.user_properties.append(("kill_points", len(report.kill_points)))
+
+
+async def test_an_effect_outside_a_step_is_flagged(
+    target: Target, crash_worker_command: WorkerCommand, tmp_path: Path
+) -> None:
+    """The harness catches a job whose effect repeats on replay: X_JOB_CRASH_DIVERGED."""
+    with pytest.raises(CrashDivergedError) as raised:
+        await _check(target, crash_worker_command, reference.leaky, tmp_path)
+    assert raised.value.code == "X_JOB_CRASH_DIVERGED"
+    assert raised.value.meta["effect"] == "audit"
+    assert raised.value.meta["kind"] == "extra-effect"

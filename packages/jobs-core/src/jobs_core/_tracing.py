@@ -1,0 +1,86 @@
+"""OpenTelemetry, used only when ``opentelemetry-api`` is installed (``jobs-core[otel]``).
+
+An enqueue stamps the current span's W3C ``traceparent`` on the row
+(:func:`current_traceparent`); the worker runs each attempt inside a span that is a child of it
+(:func:`attempt_span`), so the job's work joins the trace of the request that asked for it, and
+the body's own spans and enqueues nest under the attempt. Without the package both are inert: no
+header is stamped and no span is opened, at the cost of one ``None`` check.
+
+The header is the W3C text form rather than OpenTelemetry's context object so that a row written
+by one process (or language) is read by another; the API's own propagator writes and reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from jobs_core.types import ClaimedJob
+
+try:
+    from opentelemetry import trace as _trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError:
+    _trace = None  # type: ignore[assignment]
+    _propagator: Any = None
+else:
+    _propagator = TraceContextTextMapPropagator()
+
+FAILED_OUTCOMES = frozenset({"retried", "dead-lettered", "dropped", "refused", "crashed"})
+"""Attempt outcomes whose span ends with an error status."""
+
+
+def tracing_enabled() -> bool:
+    """Answer whether ``opentelemetry-api`` was importable when this module loaded."""
+    return _trace is not None
+
+
+def current_traceparent() -> str | None:
+    """Answer the current span's W3C ``traceparent`` header, or ``None`` without one.
+
+    ``None`` when OpenTelemetry is not installed, no span is current, or the current span is not
+    recording-valid (the API without an SDK yields no context to propagate).
+    """
+    if _propagator is None:
+        return None
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier)
+    return carrier.get("traceparent")
+
+
+@contextmanager
+def attempt_span(job: ClaimedJob) -> Iterator[Callable[[str], None]]:
+    """Run an attempt inside a ``CONSUMER`` span that is a child of the row's ``traceparent``.
+
+    A row without one starts a new trace. The span is current while the block runs, so the
+    body's spans and enqueues are its children. Yields a function to call with the attempt's
+    outcome (an attribute, and an error status for a failure). Without OpenTelemetry nothing is
+    opened and the function does nothing.
+    """
+    if _trace is None:
+        yield _ignore
+        return
+    parent = _propagator.extract({"traceparent": job.traceparent}) if job.traceparent else None
+    tracer = _trace.get_tracer("jobs_core")
+    attributes: dict[str, str | int] = {
+        "jobs.job.name": job.name,
+        "jobs.job.id": str(job.id),
+        "jobs.run.id": str(job.run_id),
+        "jobs.queue": job.queue,
+        "jobs.attempt": job.attempt,
+    }
+    with tracer.start_as_current_span(
+        f"job {job.name}", context=parent, kind=_trace.SpanKind.CONSUMER, attributes=attributes
+    ) as span:
+
+        def outcome(value: str) -> None:
+            span.set_attribute("jobs.outcome", value)
+            if value in FAILED_OUTCOMES:
+                span.set_status(_trace.Status(_trace.StatusCode.ERROR, value))
+
+        yield outcome
+
+
+def _ignore(_outcome: str) -> None:
+    """Take an outcome and do nothing (OpenTelemetry is not installed)."""

@@ -1,0 +1,15 @@
+"""jobs-pg: the PostgreSQL driver for jobs.
+
+Open it with ``await PostgresDriver.connect("postgresql://…")`` or, through the ``jobs.drivers``
+entry point, ``open_driver("postgresql://…")``; apply the schema with ``await driver.migrate()``
+or ``jobs pg migrate --driver URL``. :func:`transaction` makes the app's psycopg connection the
+ambient transaction that outbox enqueues and event publishes join.
+"""
+
+from jobs_pg._migrate import ddl
+from jobs_pg._outbox import PgOutboxStore, transaction
+from jobs_pg.driver import PostgresDriver, open_postgres_driver
+
+__version__ = "0.1.0"
+
+__all__ = ["PgOutboxStore", "PostgresDriver", "ddl", "open_postgres_driver", "transaction"]

@@ -1,0 +1,196 @@
+"""Connection plumbing shared by the driver and its stores.
+
+:class:`Db` owns the pool (or borrows the app's), renders the statements for the schema, stamps
+every statement with the clock parameter and turns connection failures into
+``DriverUnavailableError``: a caller never sees a psycopg error for a lost server, and the pool is
+told to re-check its idle connections so the next call gets a live one.
+
+Every statement runs in autocommit on a pool connection: one statement is one transaction, so a
+failure leaves nothing half-written. The few operations that need more than one statement
+(lease acquire, a scheduler fire, a large ``enqueue_many``) open an explicit transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
+
+from jobs_core.clock import Clock
+from jobs_core.errors import DriverRequestInvalidError, DriverUnavailableError
+from jobs_pg._sql import Statements
+
+_log = logging.getLogger("jobs.pg")
+
+UNAVAILABLE: tuple[type[Exception], ...] = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    PoolTimeout,
+    PoolClosed,
+)
+"""Failures that mean the server cannot be reached (or the connection broke mid-statement)."""
+
+Row = tuple[Any, ...]
+
+
+def utc(instant: datetime) -> datetime:
+    """Answer an aware instant in UTC (an app's pool may run in another session time zone)."""
+    return instant if instant.tzinfo is UTC else instant.astimezone(UTC)
+
+
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Put a new pool connection in UTC, so timestamps come back as UTC datetimes."""
+    await conn.execute("SET TIME ZONE 'UTC'")
+
+
+class Db:
+    """One schema's statements over one pool.
+
+    Args:
+        conninfo: the libpq URL or key/value string (without the driver's own options).
+        schema: the schema every statement names.
+        pool: an app-owned pool to borrow (not closed by :meth:`close`), or ``None`` to own one.
+        min_size: the owned pool's idle connections.
+        max_size: the owned pool's most connections.
+        timeout: seconds a call waits for a pool connection before ``X_DRIVER_UNAVAILABLE``.
+        prepare_threshold: psycopg prepares a statement after this many executions on a
+            connection (0: at the first).
+        clock: an injected clock for tests (``None``: the database's ``now()``).
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        schema: str,
+        *,
+        pool: AsyncConnectionPool[Any] | None,
+        min_size: int,
+        max_size: int,
+        timeout: float,
+        prepare_threshold: int | None,
+        clock: Clock | None,
+    ) -> None:
+        self.conninfo = conninfo
+        self.schema = schema
+        self.statements = Statements(schema)
+        self.clock = clock
+        self.owned = pool is None
+        self.pool: AsyncConnectionPool[Any] = pool or AsyncConnectionPool(
+            conninfo,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=timeout,
+            open=False,
+            configure=_configure,
+            kwargs={"autocommit": True, "prepare_threshold": prepare_threshold},
+            name=f"jobs-pg:{schema}",
+        )
+        self._opened = not self.owned
+        self._closed = False
+        self._checking: asyncio.Task[None] | None = None
+
+    def now(self) -> datetime | None:
+        """Answer the injected clock's instant, or ``None`` (statements then use ``now()``)."""
+        return None if self.clock is None else self.clock.now()
+
+    async def _ready(self) -> AsyncConnectionPool[Any]:
+        if self._closed:
+            raise DriverUnavailableError("the postgresql driver is closed", driver="postgresql")
+        if not self._opened:
+            # Opened on first use, so a driver built outside an event loop (the entry point)
+            # binds its pool to the loop that uses it.
+            await self.pool.open(wait=False)
+            self._opened = True
+        return self.pool
+
+    def _suspect(self) -> None:
+        """Have the pool check its idle connections once (a server restart broke them all)."""
+        if self.owned and (self._checking is None or self._checking.done()):
+            self._checking = asyncio.get_running_loop().create_task(self._check())
+
+    async def _check(self) -> None:
+        try:
+            await self.pool.check()
+        except Exception as exc:  # the next call reports the outage; this is housekeeping
+            _log.debug(
+                "jobs.pg.check-failed", extra={"event": "jobs.pg.check-failed", "error": str(exc)}
+            )
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """Lend a pool connection (autocommit) for the block.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached,
+                the connection broke, or the driver is closed.
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` when the server refused a
+                value (out of range, not valid JSON).
+        """
+        pool = await self._ready()
+        try:
+            async with pool.connection() as conn:
+                yield conn
+        except psycopg.DataError as exc:
+            raise DriverRequestInvalidError(f"the database refused a value: {exc}") from exc
+        except UNAVAILABLE as exc:
+            self._suspect()
+            raise DriverUnavailableError(
+                f"postgresql is unavailable: {type(exc).__name__}: {exc}", driver="postgresql"
+            ) from exc
+
+    def params(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Answer ``values`` plus the clock parameter every statement takes."""
+        return {"now": self.now(), **values}
+
+    async def rows(
+        self,
+        block: str,
+        values: Mapping[str, Any],
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> list[Row]:
+        """Run block ``block`` and answer its rows (on ``conn``, else a pool connection)."""
+        if conn is not None:
+            cur = await conn.execute(self.statements[block], self.params(values))
+            return await cur.fetchall() if cur.description is not None else []
+        async with self.connection() as lent:
+            cur = await lent.execute(self.statements[block], self.params(values))
+            return await cur.fetchall() if cur.description is not None else []
+
+    async def row(
+        self,
+        block: str,
+        values: Mapping[str, Any],
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> Row | None:
+        """Run block ``block`` and answer its first row, or ``None``."""
+        found = await self.rows(block, values, conn)
+        return found[0] if found else None
+
+    async def value(
+        self,
+        block: str,
+        values: Mapping[str, Any],
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> Any:
+        """Run block ``block`` and answer the first column of its first row (``None`` if none)."""
+        found = await self.row(block, values, conn)
+        return None if found is None else found[0]
+
+    async def close(self) -> None:
+        """Refuse every later call; close the pool if it is owned."""
+        self._closed = True
+        if self._checking is not None:
+            self._checking.cancel()
+        if self.owned and self._opened:
+            await self.pool.close()
+
+
+def column(rows: Sequence[Row], index: int = 0) -> list[Any]:
+    """Answer one column of ``rows``."""
+    return [row[index] for row in rows]

@@ -1,0 +1,234 @@
+"""The transactional outbox on Postgres: staged on the app's own connection, relayed from the pool.
+
+The app's business rows and the outbox row commit together because they are written on the same
+psycopg connection inside the same transaction; the relay (:class:`jobs_core.outbox.Relay`)
+claims committed rows through the driver's pool and publishes them with their explicit ids, so a
+re-publish after a crash meets the job the first publish made.
+
+``transaction(conn)`` opens a transaction on the app's connection and makes it *ambient* for the
+block: ``OutboxStore.ambient()`` answers it, so ``handle.enqueue(...)`` inside the block stages
+there, and an event published inside it (``publish_event``) joins it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack, ExitStack
+from contextvars import ContextVar, Token
+from types import TracebackType
+from typing import Any
+from uuid import UUID, uuid4
+
+import psycopg
+
+from jobs_core.errors import DriverRequestInvalidError, DriverUnavailableError
+from jobs_core.types import ENQUEUE_CHUNK, EnqueueRequest, OutboxClaim, OutboxRow
+from jobs_pg._db import UNAVAILABLE, Db, Row, utc
+from jobs_pg._records import request_arrays
+
+Connection = psycopg.AsyncConnection[Any] | psycopg.Connection[Any]
+"""The app's psycopg connection, async or sync."""
+
+_ambient: ContextVar[Connection | None] = ContextVar("jobs_pg_ambient", default=None)
+
+
+def ambient_connection() -> Connection | None:
+    """Answer the connection made ambient by :func:`transaction` in this context, or ``None``."""
+    return _ambient.get()
+
+
+class _AmbientTransaction:
+    """The context manager :func:`transaction` answers (``with`` for sync, ``async with`` else)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._token: Token[Connection | None] | None = None
+        self._async = AsyncExitStack()
+        self._sync = ExitStack()
+
+    async def __aenter__(self) -> psycopg.AsyncConnection[Any]:
+        conn = self._conn
+        if not isinstance(conn, psycopg.AsyncConnection):
+            raise DriverRequestInvalidError("use `with` (not `async with`) for a sync connection")
+        await self._async.enter_async_context(conn.transaction())
+        self._token = _ambient.set(conn)
+        return conn
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        assert self._token is not None
+        _ambient.reset(self._token)
+        return bool(await self._async.__aexit__(kind, error, tb))
+
+    def __enter__(self) -> psycopg.Connection[Any]:
+        conn = self._conn
+        if not isinstance(conn, psycopg.Connection):
+            raise DriverRequestInvalidError("use `async with` for an async connection")
+        self._sync.enter_context(conn.transaction())
+        self._token = _ambient.set(conn)
+        return conn
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        assert self._token is not None
+        _ambient.reset(self._token)
+        return bool(self._sync.__exit__(kind, error, tb))
+
+
+def transaction(conn: Connection) -> _AmbientTransaction:
+    """Open a transaction on the app's connection and make it ambient for the block.
+
+    Inside the block an enqueue (with the outbox installed) stages on ``conn`` and an event
+    publish joins ``conn``; both commit or roll back with the app's rows when the block ends.
+    Nested use opens a savepoint, as psycopg's ``conn.transaction()`` does::
+
+        async with jobs_pg.transaction(conn):
+            await conn.execute("INSERT INTO orders ...")
+            await send_receipt.enqueue(Receipt(order_id=42))
+
+    Args:
+        conn: a ``psycopg.AsyncConnection`` (use ``async with``) or ``psycopg.Connection``
+            (use ``with``).
+
+    Returns:
+        The context manager; entering it answers ``conn``.
+    """
+    return _AmbientTransaction(conn)
+
+
+async def on_caller_connection(
+    db: Db, conn: Connection, block: str, values: Mapping[str, Any]
+) -> Row | None:
+    """Run ``block`` on the app's connection and answer its first row.
+
+    Raises:
+        DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when that connection is broken.
+        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for something else than a
+            psycopg connection, or a value the server refused.
+    """
+    query = db.statements[block]
+    params = db.params(values)
+    try:
+        if isinstance(conn, psycopg.AsyncConnection):
+            cur = await conn.execute(query, params)
+            return await cur.fetchone() if cur.description is not None else None
+        if isinstance(conn, psycopg.Connection):
+            # A sync app's connection: the statement is short and runs on the caller's thread.
+            sync_cur = conn.execute(query, params)
+            return sync_cur.fetchone() if sync_cur.description is not None else None
+    except psycopg.DataError as exc:
+        raise DriverRequestInvalidError(f"the database refused a value: {exc}") from exc
+    except UNAVAILABLE as exc:
+        raise DriverUnavailableError(
+            f"the app's connection is unavailable: {exc}", driver="postgresql"
+        ) from exc
+    raise DriverRequestInvalidError(
+        f"the pg outbox stages on a psycopg connection, not {type(conn).__name__}"
+    )
+
+
+class PgOutboxStore:
+    """The :class:`~jobs_core.driver.OutboxStore` over the ``outbox`` table.
+
+    Args:
+        db: the driver's connection plumbing (the relay's claims use its pool).
+    """
+
+    def __init__(self, db: Db) -> None:
+        self._db = db
+
+    def ambient(self) -> Connection | None:
+        """Answer the connection :func:`transaction` made ambient in this context, or ``None``."""
+        return _ambient.get()
+
+    async def stage(self, req: EnqueueRequest, tx: Any) -> None:
+        """Write ``req`` into the outbox on the app's connection ``tx`` (in its transaction).
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a request the driver
+                refuses, or a ``tx`` that is not a psycopg connection.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when ``tx`` is broken.
+        """
+        await self.stage_many([req], tx)
+
+    async def stage_many(self, reqs: Sequence[EnqueueRequest], tx: Any) -> None:
+        """Stage many requests on ``tx``, one statement per 1,000.
+
+        A ``delay_ms`` becomes an absolute ``run_at`` at staging (the database's now).
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` as :meth:`stage`, staging
+                nothing of a request that is refused.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when ``tx`` is broken.
+        """
+        chunks = [reqs[i : i + ENQUEUE_CHUNK] for i in range(0, len(reqs), ENQUEUE_CHUNK)]
+        arrays = [request_arrays(chunk) for chunk in chunks]
+        for values in arrays:
+            await on_caller_connection(self._db, tx, "outbox_stage", values)
+
+    async def claim(self, req: OutboxClaim) -> list[OutboxRow]:
+        """Take up to ``req.limit`` committed, unpublished rows whose claim is free or lapsed.
+
+        Returns:
+            The rows in ``(staged_at, id)`` order, each carrying this claim's new token.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a limit or lease below 1.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``.
+        """
+        if req.limit < 1 or req.lease_ms < 1:
+            raise DriverRequestInvalidError(
+                "an outbox claim needs limit >= 1 and lease_ms >= 1",
+                limit=req.limit,
+                lease_ms=req.lease_ms,
+            )
+        token = f"{req.relay_id}:{uuid4().hex}"
+        rows = await self._db.rows(
+            "outbox_claim", {"limit": req.limit, "token": token, "lease_ms": req.lease_ms}
+        )
+        claimed = [
+            OutboxRow(
+                request=EnqueueRequest(
+                    id=row[0],
+                    name=row[1],
+                    queue=row[2],
+                    input=row[3],
+                    idempotency_key=row[4],
+                    tenant_id=row[5],
+                    max_attempts=row[6],
+                    run_id=row[7],
+                    run_at=utc(row[8]),
+                    traceparent=row[9],
+                    enqueued_by=row[10],
+                ),
+                staged_at=utc(row[11]),
+                token=token,
+            )
+            for row in rows
+        ]
+        claimed.sort(key=lambda row: (row.staged_at, row.request.id))
+        return claimed
+
+    async def release(self, ids: Sequence[UUID], token: str) -> None:
+        """Give claimed rows back at once (fenced on ``token``).
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``.
+        """
+        await self._db.rows("outbox_release", {"ids": list(ids), "token": token})
+
+    async def mark_published(self, ids: Sequence[UUID], token: str) -> int:
+        """Mark rows published, fenced on ``token``; answer how many were still this claim's.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``.
+        """
+        return int(await self._db.value("outbox_mark", {"ids": list(ids), "token": token}))

@@ -1,0 +1,233 @@
+"""Wake-ups over LISTEN/NOTIFY: one dedicated connection per driver, proven live by a probe.
+
+The statements that make rows due NOTIFY the queue's name on ``<schema>.wake`` (throttled in
+SQL). A driver with wake subscribers holds ONE connection outside the pool that LISTENs there
+and on a private probe channel. A probe NOTIFY sent through the pool must come back on it:
+
+* after each dial: back within ``probe_timeout`` → ``jobs.wake.live`` (info); never back →
+  ``jobs.wake.unverified`` (warning, logged once per driver: e.g. a transaction-pooling proxy
+  that swallows notifications), then a re-dial after a back-off;
+* every ``probe_interval`` while live: not back → ``jobs.wake.lost`` (warning) and a re-dial.
+  This catches a half-open connection that no error will ever report (FIELD-FAILURES C09).
+
+A connection error ends the listener the same way. Re-dials back off from 0.25 s to 30 s.
+Meanwhile workers poll (the poll is the guarantee; a wake only makes pickup immediate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn
+from uuid import uuid4
+
+import psycopg
+from psycopg import sql
+
+from jobs_core.errors import DriverUnavailableError
+from jobs_pg._db import Db
+
+_log = logging.getLogger("jobs.wake")
+
+BACKOFF_MIN_S = 0.25
+BACKOFF_MAX_S = 30.0
+
+_Subscriber = tuple[asyncio.AbstractEventLoop, Callable[[str], None]]
+
+
+class PgWakeSource:
+    """The :class:`~jobs_core.driver.WakeSource` over a dedicated LISTEN connection.
+
+    Attributes:
+        live: whether the listener's last probe came back.
+        backend_pid: the LISTEN connection's server process id (``None`` while not connected).
+
+    Args:
+        db: the driver's connection plumbing (probes go through its pool).
+        channel: the NOTIFY channel the statements wake (``<schema>.wake``).
+        probe_interval: seconds between liveness probes while live.
+        probe_timeout: seconds a probe may take to come back.
+    """
+
+    def __init__(
+        self, db: Db, channel: str, *, probe_interval: float = 5.0, probe_timeout: float = 2.0
+    ) -> None:
+        self._db = db
+        self._channel = channel
+        self._probe_channel = f"jobs_probe_{uuid4().hex}"
+        self.probe_interval = probe_interval
+        self.probe_timeout = probe_timeout
+        self._subscribers: dict[int, _Subscriber] = {}
+        self._tokens = itertools.count()
+        self._task: asyncio.Task[None] | None = None
+        self._probe_seen: asyncio.Event | None = None
+        self._probe_payload = ""
+        self._warned_unverified = False
+        self._closed = False
+        self.live = False
+        self.backend_pid: int | None = None
+
+    async def subscribe(self, callback: Callable[[str], None]) -> Callable[[], Awaitable[None]]:
+        """Call ``callback(queue)`` on the calling loop whenever a statement wakes ``queue``.
+
+        The first subscriber starts the listener task (on this loop); the last one to leave
+        stops it and closes the LISTEN connection.
+
+        Returns:
+            An async function that ends the subscription (safe to call twice).
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after the driver was closed.
+        """
+        if self._closed:
+            raise DriverUnavailableError("the postgresql driver is closed", driver="postgresql")
+        loop = asyncio.get_running_loop()
+        token = next(self._tokens)
+        self._subscribers[token] = (loop, callback)
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._listen())
+
+        async def unsubscribe() -> None:
+            self._subscribers.pop(token, None)
+            if not self._subscribers:
+                await self._stop()
+
+        return unsubscribe
+
+    async def close(self) -> None:
+        """Stop the listener for good (the driver is closing)."""
+        self._closed = True
+        self._subscribers.clear()
+        await self._stop()
+
+    async def _stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _dispatch(self, queue: str) -> None:
+        for token, (loop, callback) in list(self._subscribers.items()):
+            try:
+                loop.call_soon_threadsafe(callback, queue)
+            except RuntimeError:
+                # The subscriber's loop is closed: it can never be told again.
+                self._subscribers.pop(token, None)
+
+    async def _listen(self) -> None:
+        """Dial, LISTEN, prove, relay; on any loss, back off and dial again (until cancelled)."""
+        backoff = BACKOFF_MIN_S
+        while True:
+            was_live = False
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                was_live = self.live
+                if was_live:
+                    _log.warning(
+                        "jobs.wake.lost",
+                        extra={"event": "jobs.wake.lost", "error": f"{type(exc).__name__}: {exc}"},
+                    )
+            finally:
+                self.live = False
+                self.backend_pid = None
+            # A connection that had been live is re-dialled at once; repeated failures back off.
+            backoff = BACKOFF_MIN_S if was_live else min(backoff * 2, BACKOFF_MAX_S)
+            await asyncio.sleep(backoff)
+
+    async def _session(self) -> NoReturn:
+        """Run one LISTEN connection until it is lost (it never returns normally).
+
+        Raises:
+            Exception: whatever ended it (a connection error, or a probe that never came back).
+        """
+        conn = await psycopg.AsyncConnection.connect(
+            self._db.conninfo,
+            autocommit=True,
+            connect_timeout=5,
+            # Keepalives let the kernel notice a dead peer too; the probe covers what they miss.
+            keepalives=1,
+            keepalives_idle=10,
+            keepalives_interval=5,
+            keepalives_count=3,
+        )
+        reader: asyncio.Task[None] | None = None
+        try:
+            for channel in (self._channel, self._probe_channel):
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            self.backend_pid = conn.info.backend_pid
+            self._probe_seen = asyncio.Event()
+            reader = asyncio.get_running_loop().create_task(self._read(conn))
+            if not await self._probe(reader):
+                if not self._warned_unverified:
+                    self._warned_unverified = True
+                    _log.warning(
+                        "jobs.wake.unverified",
+                        extra={
+                            "event": "jobs.wake.unverified",
+                            "channel": self._channel,
+                            "detail": "the probe NOTIFY never arrived on the LISTEN connection "
+                            "(a transaction-pooling proxy?); workers rely on polling",
+                        },
+                    )
+                raise TimeoutError("the wake probe did not come back")
+            self.live = True
+            _log.info(
+                "jobs.wake.live",
+                extra={
+                    "event": "jobs.wake.live",
+                    "channel": self._channel,
+                    "pid": self.backend_pid,
+                },
+            )
+            while True:
+                done, _ = await asyncio.wait({reader}, timeout=self.probe_interval)
+                if done:
+                    reader.result()  # raises the connection error that ended it
+                    raise ConnectionError("the LISTEN connection stopped delivering")
+                if not await self._probe(reader):
+                    raise TimeoutError("a wake probe did not come back: the connection is dead")
+        finally:
+            if reader is not None:
+                reader.cancel()
+                with contextlib.suppress(BaseException):
+                    await reader
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def _read(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        async for note in conn.notifies():
+            if note.channel == self._probe_channel:
+                if note.payload == self._probe_payload and self._probe_seen is not None:
+                    self._probe_seen.set()
+            elif note.payload:
+                self._dispatch(note.payload)
+
+    async def _probe(self, reader: asyncio.Task[None]) -> bool:
+        """Send a probe through the pool; answer whether it came back within the timeout."""
+        assert self._probe_seen is not None
+        self._probe_seen.clear()
+        self._probe_payload = uuid4().hex
+        try:
+            await asyncio.wait_for(
+                self._db.rows(
+                    "wake_probe", {"channel": self._probe_channel, "payload": self._probe_payload}
+                ),
+                self.probe_timeout,
+            )
+        except (DriverUnavailableError, TimeoutError):
+            return False
+        seen = asyncio.ensure_future(self._probe_seen.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {seen, reader}, timeout=self.probe_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            seen.cancel()
+        return seen in done and self._probe_seen.is_set()

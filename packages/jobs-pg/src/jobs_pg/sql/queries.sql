@@ -1,0 +1,862 @@
+-- Every statement jobs-pg runs, one named block each (``-- name: <block>``).
+--
+-- Placeholders filled once at load time: {schema} (the driver's schema, a quoted identifier),
+-- {now} (the statement's clock: ``now()`` of the database, or the instant a test injected) and,
+-- in the blocks that filter jobs, {filter} (the ``job_filter`` block). Parameters are psycopg's
+-- named ``%(name)s``. To run one by hand, substitute those and the parameters; nothing else is
+-- hidden. Braces never appear in the SQL itself (the loader formats the text), and the modulo
+-- operator is written mod().
+
+-- name: job_filter
+-- The operator listing filter (JobFilter); every field is optional and they combine with AND.
+(%(f_queue)s::text IS NULL OR j.queue = %(f_queue)s)
+AND (%(f_name)s::text IS NULL OR j.name = %(f_name)s)
+AND (%(f_state)s::text IS NULL OR j.state = %(f_state)s)
+AND (%(f_tenant)s::text IS NULL OR j.tenant_id = %(f_tenant)s)
+AND (%(f_prefix)s::text IS NULL OR starts_with(j.id::text, %(f_prefix)s))
+AND (%(f_from)s::timestamptz IS NULL OR j.created_at >= %(f_from)s)
+AND (%(f_to)s::timestamptz IS NULL OR j.created_at < %(f_to)s)
+
+-- name: enqueue
+-- Inserts up to 1,000 rows in one statement. ON CONFLICT DO NOTHING covers the primary key (an
+-- explicit id that already names a row) and the live-key index (dedupe); the final SELECT answers
+-- each request with the row that holds it: its own insert, the row its id names, the live row
+-- holding its key, or an earlier request of this batch with the same key. A request answered by
+-- nothing lost a race with a transaction that committed after this statement's snapshot; the
+-- driver runs those again. Due rows wake their queues through the throttle (wake()).
+WITH req AS (
+    SELECT r.*,
+           greatest(coalesce(r.run_at, {now} + r.delay_ms * interval '1 millisecond'), {now}) AS due
+    FROM unnest(
+        %(ids)s::uuid[], %(run_ids)s::uuid[], %(names)s::text[], %(queues)s::text[],
+        %(inputs)s::text[], %(keys)s::text[], %(tenants)s::text[], %(max_attempts)s::int[],
+        %(run_ats)s::timestamptz[], %(delays)s::bigint[], %(traceparents)s::text[],
+        %(enqueued_bys)s::text[]
+    ) WITH ORDINALITY AS r(id, run_id, name, queue, input, idempotency_key, tenant_id,
+                           max_attempts, run_at, delay_ms, traceparent, enqueued_by, ord)
+),
+inserted AS (
+    INSERT INTO {schema}.jobs AS j (
+        id, run_id, name, queue, input, idempotency_key, tenant_id, state, max_attempts,
+        run_at, traceparent, enqueued_by, created_at, updated_at
+    )
+    SELECT id, run_id, name, queue, input::jsonb, idempotency_key, tenant_id,
+           CASE WHEN due > {now} THEN 'delayed' ELSE 'ready' END, max_attempts,
+           due, traceparent, enqueued_by, {now}, {now}
+    FROM req
+    ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING j.id, j.run_id, j.name, j.tenant_id, j.idempotency_key, j.queue, j.run_at
+),
+known AS (
+    INSERT INTO {schema}.queues (name, created_at)
+    SELECT DISTINCT queue, {now} FROM inserted
+    ON CONFLICT DO NOTHING
+),
+woken AS (
+    SELECT {schema}.wake(array(
+        SELECT DISTINCT queue FROM inserted WHERE run_at <= {now} + interval '1 second'
+    )) AS notified
+)
+SELECT coalesce(i.id, e.id, k.id, b.id),
+       coalesce(i.run_id, e.run_id, k.run_id, b.run_id),
+       i.id IS NULL,
+       (SELECT notified FROM woken)
+FROM req r
+LEFT JOIN inserted i ON i.id = r.id
+LEFT JOIN {schema}.jobs e ON i.id IS NULL AND e.id = r.id
+LEFT JOIN LATERAL (
+    SELECT j.id, j.run_id FROM {schema}.jobs j
+    WHERE i.id IS NULL AND e.id IS NULL
+      AND j.name = r.name AND coalesce(j.tenant_id, '') = coalesce(r.tenant_id, '')
+      AND j.idempotency_key = r.idempotency_key
+      AND j.state IN ('ready', 'delayed', 'running', 'suspended')
+) k ON true
+LEFT JOIN LATERAL (
+    SELECT b.id, b.run_id FROM inserted b
+    WHERE i.id IS NULL AND e.id IS NULL
+      AND b.name = r.name AND coalesce(b.tenant_id, '') = coalesce(r.tenant_id, '')
+      AND b.idempotency_key = r.idempotency_key
+) b ON true
+ORDER BY r.ord
+
+-- name: claim
+-- One statement per claim over every queue served. Arm 1 walks each unpaused queue's claim index
+-- in (run_at, seq) order, locking with SKIP LOCKED so concurrent claimers take different rows.
+-- Arm 2 takes running rows whose lease lapsed (normally none). Merged in (run_at, seq) order, the
+-- first `limit` rows that are not at their final attempt are handed out (a lapsed one spends its
+-- attempt); a lapsed row at its final attempt that comes before the cut is buried, dead or (for
+-- names in `drop`) failed, and counted. Rows locked but not handed out are released when the
+-- statement ends.
+WITH served AS (
+    SELECT DISTINCT u.name FROM unnest(%(queues)s::text[]) AS u(name)
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues p WHERE p.queue = u.name)
+),
+waiting AS (
+    SELECT c.id, c.run_at, c.seq, false AS lapsed, false AS final
+    FROM served
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.run_at, j.seq FROM {schema}.jobs j
+        WHERE j.queue = served.name
+          AND j.state IN ('ready', 'delayed', 'suspended')
+          AND j.run_at <= {now}
+        ORDER BY j.run_at, j.seq
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) c
+),
+lapsed AS (
+    SELECT j.id, j.run_at, j.seq, true AS lapsed, j.attempts + 1 >= j.max_attempts AS final
+    FROM {schema}.jobs j
+    WHERE j.state = 'running'
+      AND j.visible_at <= {now}
+      AND j.queue IN (SELECT name FROM served)
+    ORDER BY j.run_at, j.seq
+    LIMIT %(limit)s + 100
+    FOR UPDATE OF j SKIP LOCKED
+),
+ranked AS (
+    SELECT id, lapsed, final,
+           count(*) FILTER (WHERE NOT final) OVER (ORDER BY run_at, seq) AS taken
+    FROM (SELECT * FROM waiting UNION ALL SELECT * FROM lapsed) AS candidates
+),
+claimed AS (
+    UPDATE {schema}.jobs j
+    SET state = 'running',
+        claimed_by = %(worker)s,
+        claim = j.claim + 1,
+        attempts = j.attempts + CASE WHEN r.lapsed THEN 1 ELSE 0 END,
+        visible_at = {now} + %(lease_ms)s * interval '1 millisecond',
+        updated_at = {now}
+    FROM ranked r
+    WHERE j.id = r.id AND NOT r.final AND r.taken <= %(limit)s
+    RETURNING j.id, j.run_id, j.name, j.queue, j.input, j.attempts, j.max_attempts, j.claim,
+              j.tenant_id, j.idempotency_key, j.traceparent, j.enqueued_by, j.created_at,
+              j.state, j.run_at, j.seq
+),
+buried AS (
+    UPDATE {schema}.jobs j
+    SET state = CASE WHEN j.name = ANY(%(drop)s::text[]) THEN 'failed' ELSE 'dead' END,
+        attempts = j.attempts + 1,
+        last_error = %(reason)s,
+        last_error_code = NULL,
+        last_error_stack = NULL,
+        updated_at = {now}
+    FROM ranked r
+    WHERE j.id = r.id AND r.final AND r.taken < %(limit)s
+    RETURNING j.id, j.run_id, j.name, j.queue, j.input, j.attempts, j.max_attempts, j.claim,
+              j.tenant_id, j.idempotency_key, j.traceparent, j.enqueued_by, j.created_at,
+              j.state, j.run_at, j.seq
+),
+counted AS (
+    INSERT INTO {schema}.counters AS c (name, tier, bucket, shard, failed, dead)
+    SELECT name, '1m', to_timestamp(floor(extract(epoch FROM {now}) / 60) * 60),
+           mod(pg_backend_pid(), 16), count(*) FILTER (WHERE state = 'failed'),
+           count(*) FILTER (WHERE state = 'dead')
+    FROM buried
+    GROUP BY name
+    ON CONFLICT (name, tier, bucket, shard) DO UPDATE
+    SET failed = c.failed + EXCLUDED.failed, dead = c.dead + EXCLUDED.dead
+)
+SELECT * FROM (SELECT * FROM claimed UNION ALL SELECT * FROM buried) AS settled
+ORDER BY run_at, seq
+
+-- name: ack
+-- Settles many rows done in one statement, each fenced on (state, claimed_by, claim); answers
+-- the ids that were settled. The counters ride in the same statement, on this connection's shard.
+WITH settle AS (
+    SELECT * FROM unnest(
+        %(ids)s::uuid[], %(workers)s::text[], %(claims)s::int[], %(results)s::text[],
+        %(durations)s::float8[]
+    ) AS s(id, worker, claim, result, duration_ms)
+),
+done AS (
+    UPDATE {schema}.jobs j
+    SET state = 'done',
+        attempts = j.attempts + 1,
+        result = s.result::jsonb,
+        updated_at = {now}
+    FROM settle s
+    WHERE j.id = s.id AND j.state = 'running' AND j.claimed_by = s.worker AND j.claim = s.claim
+    RETURNING j.id, j.name, s.duration_ms
+),
+counted AS (
+    INSERT INTO {schema}.counters AS c (name, tier, bucket, shard, done, duration_ms)
+    SELECT name, '1m', to_timestamp(floor(extract(epoch FROM {now}) / 60) * 60),
+           mod(pg_backend_pid(), 16), count(*), coalesce(sum(duration_ms), 0)
+    FROM done
+    GROUP BY name
+    ON CONFLICT (name, tier, bucket, shard) DO UPDATE
+    SET done = c.done + EXCLUDED.done, duration_ms = c.duration_ms + EXCLUDED.duration_ms
+)
+SELECT id FROM done
+
+-- name: nack
+-- Settles one row in the state nack_state() chose, fenced like ack. A row settled ready, delayed
+-- or suspended is due at now + delay_ms and wakes its queue when that is within a second; the
+-- counters gain retried, failed or dead in the same statement.
+WITH settled AS (
+    UPDATE {schema}.jobs j
+    SET state = %(state)s,
+        attempts = j.attempts + %(spent)s,
+        last_error = CASE WHEN %(has_error)s THEN %(error)s ELSE j.last_error END,
+        last_error_code = CASE WHEN %(has_error)s THEN %(error_code)s ELSE j.last_error_code END,
+        last_error_stack = CASE WHEN %(has_error)s THEN %(error_stack)s ELSE j.last_error_stack END,
+        run_at = CASE WHEN %(state)s IN ('ready', 'delayed', 'suspended')
+                      THEN {now} + %(delay_ms)s * interval '1 millisecond'
+                      ELSE j.run_at END,
+        updated_at = {now}
+    WHERE j.id = %(id)s AND j.state = 'running' AND j.claimed_by = %(worker)s
+      AND j.claim = %(claim)s
+    RETURNING j.name, j.queue, j.state, j.run_at
+),
+counted AS (
+    INSERT INTO {schema}.counters AS c (name, tier, bucket, shard, retried, failed, dead)
+    SELECT name, '1m', to_timestamp(floor(extract(epoch FROM {now}) / 60) * 60),
+           mod(pg_backend_pid(), 16),
+           (state IN ('ready', 'delayed'))::int, (state = 'failed')::int, (state = 'dead')::int
+    FROM settled
+    WHERE %(spent)s = 1 OR state IN ('failed', 'dead')
+    ON CONFLICT (name, tier, bucket, shard) DO UPDATE
+    SET retried = c.retried + EXCLUDED.retried, failed = c.failed + EXCLUDED.failed,
+        dead = c.dead + EXCLUDED.dead
+),
+woken AS (
+    SELECT {schema}.wake(array(
+        SELECT queue FROM settled
+        WHERE state IN ('ready', 'delayed', 'suspended')
+          AND run_at <= {now} + interval '1 second'
+    )) AS notified
+)
+SELECT count(*), (SELECT notified FROM woken) FROM settled
+
+-- name: heartbeat
+-- Renews a lease to now + lease_ms, fenced like ack.
+UPDATE {schema}.jobs j
+SET visible_at = {now} + %(lease_ms)s * interval '1 millisecond'
+WHERE j.id = %(id)s AND j.state = 'running' AND j.claimed_by = %(worker)s AND j.claim = %(claim)s
+RETURNING 1
+
+-- name: stats
+-- Counts per queue and state; due and not-yet-due waiting rows are told apart at {now}.
+SELECT q.name,
+       count(j.id) FILTER (WHERE j.state IN ('ready', 'delayed') AND j.run_at <= {now}),
+       count(j.id) FILTER (WHERE j.state IN ('ready', 'delayed') AND j.run_at > {now}),
+       count(j.id) FILTER (WHERE j.state = 'running'),
+       count(j.id) FILTER (WHERE j.state = 'suspended'),
+       count(j.id) FILTER (WHERE j.state = 'done'),
+       count(j.id) FILTER (WHERE j.state = 'failed'),
+       count(j.id) FILTER (WHERE j.state = 'dead'),
+       count(j.id) FILTER (WHERE j.state = 'cancelled'),
+       coalesce(floor(extract(epoch FROM {now} - min(j.run_at) FILTER (
+           WHERE j.state IN ('ready', 'delayed') AND j.run_at <= {now}
+       )) * 1000), 0)::bigint
+FROM {schema}.queues q
+LEFT JOIN {schema}.jobs j ON j.queue = q.name
+GROUP BY q.name
+ORDER BY q.name
+
+-- name: demand
+-- Per queue: rows running under a live lease plus rows due and claimable (waiting rows whose
+-- run_at passed, running rows whose lease lapsed); a paused queue counts only the first kind.
+-- Reads only the live-row indexes.
+SELECT q.name,
+       (SELECT count(*) FROM {schema}.jobs j
+        WHERE j.queue = q.name AND j.state = 'running' AND j.visible_at > {now})
+       + CASE WHEN p.queue IS NOT NULL THEN 0 ELSE
+           (SELECT count(*) FROM {schema}.jobs j
+            WHERE j.queue = q.name AND j.state IN ('ready', 'delayed', 'suspended')
+              AND j.run_at <= {now})
+           + (SELECT count(*) FROM {schema}.jobs j
+              WHERE j.queue = q.name AND j.state = 'running' AND j.visible_at <= {now})
+         END
+FROM {schema}.queues q
+LEFT JOIN {schema}.paused_queues p ON p.queue = q.name
+ORDER BY q.name
+
+-- name: demand_keda
+-- For a KEDA ``postgresql`` trigger: the largest demand of any queue named in the array (every
+-- queue when it is NULL). Pods needed = ceil(this / slots per pod); set targetQueryValue to the
+-- worker's per-queue concurrency.
+SELECT coalesce(max(demand), 0) FROM (
+    SELECT q.name,
+           (SELECT count(*) FROM {schema}.jobs j
+            WHERE j.queue = q.name AND j.state = 'running' AND j.visible_at > now())
+           + CASE WHEN p.queue IS NOT NULL THEN 0 ELSE
+               (SELECT count(*) FROM {schema}.jobs j
+                WHERE j.queue = q.name AND j.state IN ('ready', 'delayed', 'suspended')
+                  AND j.run_at <= now())
+               + (SELECT count(*) FROM {schema}.jobs j
+                  WHERE j.queue = q.name AND j.state = 'running' AND j.visible_at <= now())
+             END AS demand
+    FROM {schema}.queues q
+    LEFT JOIN {schema}.paused_queues p ON p.queue = q.name
+    WHERE %(queues)s::text[] IS NULL OR q.name = ANY(%(queues)s::text[])
+) AS per_queue
+
+-- name: now
+SELECT {now}
+
+-- name: steps_load
+SELECT name, status, output, seq, started_at, completed_at, wake_at, event, match, attempts,
+       error, once
+FROM {schema}.job_steps
+WHERE run_id = %(run_id)s
+ORDER BY seq
+
+-- name: step_write
+-- Inserts or replaces one step record. A fenced write lands only while its job row is running
+-- under the fence and belongs to the run; FOR SHARE holds that row so a re-claim cannot commit
+-- between the check and this write. A new step's seq is one past the run's highest.
+WITH fence AS (
+    SELECT 1 FROM {schema}.jobs j
+    WHERE j.id = %(job_id)s AND j.state = 'running' AND j.claimed_by = %(worker)s
+      AND j.claim = %(claim)s AND j.run_id = %(run_id)s
+    FOR SHARE
+)
+INSERT INTO {schema}.job_steps AS s (
+    run_id, name, seq, status, output, started_at, completed_at, wake_at, event, match,
+    attempts, error, once
+)
+SELECT %(run_id)s, %(name)s,
+       coalesce((SELECT max(seq) + 1 FROM {schema}.job_steps WHERE run_id = %(run_id)s), 0),
+       %(status)s, %(output)s::jsonb, %(started_at)s, %(completed_at)s, %(wake_at)s, %(event)s,
+       %(match)s::jsonb, %(attempts)s, %(error)s, %(once)s
+WHERE %(unfenced)s OR EXISTS (SELECT 1 FROM fence)
+ON CONFLICT (run_id, name) DO UPDATE
+SET status = EXCLUDED.status, output = EXCLUDED.output, started_at = EXCLUDED.started_at,
+    completed_at = EXCLUDED.completed_at, wake_at = EXCLUDED.wake_at, event = EXCLUDED.event,
+    match = EXCLUDED.match, attempts = EXCLUDED.attempts, error = EXCLUDED.error,
+    once = EXCLUDED.once
+RETURNING 1
+
+-- name: job_get
+SELECT id, run_id, name, queue, state, attempts, max_attempts, claim, tenant_id,
+       idempotency_key, input, run_at, created_at, updated_at, claimed_by, last_error,
+       last_error_code, last_error_stack, result, progress, enqueued_by, traceparent
+FROM {schema}.jobs
+WHERE id = %(id)s
+
+-- name: job_state
+SELECT state FROM {schema}.jobs WHERE id = %(id)s
+
+-- name: list_older
+-- One listing page: rows older than a position (from the newest without one), newest first.
+SELECT j.id, j.run_id, j.name, j.queue, j.state, j.attempts, j.max_attempts, j.claim,
+       j.tenant_id, j.idempotency_key, j.input, j.run_at, j.created_at, j.updated_at,
+       j.claimed_by, j.last_error, j.last_error_code, j.last_error_stack, j.result, j.progress,
+       j.enqueued_by, j.traceparent
+FROM {schema}.jobs j
+WHERE {filter}
+  AND (%(at)s::timestamptz IS NULL OR (j.created_at, j.id) < (%(at)s, %(at_id)s::uuid))
+ORDER BY j.created_at DESC, j.id DESC
+LIMIT %(limit)s
+
+-- name: list_newer
+-- One listing page: rows newer than a position, oldest first (the caller reverses it).
+SELECT j.id, j.run_id, j.name, j.queue, j.state, j.attempts, j.max_attempts, j.claim,
+       j.tenant_id, j.idempotency_key, j.input, j.run_at, j.created_at, j.updated_at,
+       j.claimed_by, j.last_error, j.last_error_code, j.last_error_stack, j.result, j.progress,
+       j.enqueued_by, j.traceparent
+FROM {schema}.jobs j
+WHERE {filter}
+  AND (j.created_at, j.id) > (%(at)s, %(at_id)s::uuid)
+ORDER BY j.created_at, j.id
+LIMIT %(limit)s
+
+-- name: cancel
+-- Cancels a live row; a running one's next fenced write finds it cancelled.
+UPDATE {schema}.jobs
+SET state = 'cancelled', last_error = %(reason)s, last_error_code = %(code)s,
+    last_error_stack = NULL, updated_at = {now}
+WHERE id = %(id)s AND state IN ('ready', 'delayed', 'running', 'suspended')
+RETURNING 1
+
+-- name: resolve_step_ran
+UPDATE {schema}.job_steps s
+SET status = 'completed', output = %(output)s::jsonb, completed_at = {now}
+FROM {schema}.jobs j
+WHERE j.id = %(id)s AND s.run_id = j.run_id AND s.name = %(step)s AND s.once
+  AND s.status = 'started'
+RETURNING 1
+
+-- name: resolve_step_not_ran
+DELETE FROM {schema}.job_steps s
+USING {schema}.jobs j
+WHERE j.id = %(id)s AND s.run_id = j.run_id AND s.name = %(step)s AND s.once
+  AND s.status = 'started'
+RETURNING 1
+
+-- name: step_status
+SELECT s.status FROM {schema}.job_steps s JOIN {schema}.jobs j ON s.run_id = j.run_id
+WHERE j.id = %(id)s AND s.name = %(step)s
+
+-- name: record_progress
+UPDATE {schema}.jobs j
+SET progress = %(progress)s::jsonb, updated_at = {now}
+WHERE j.id = %(id)s AND j.state = 'running' AND j.claimed_by = %(worker)s AND j.claim = %(claim)s
+RETURNING 1
+
+-- name: pause_queue
+INSERT INTO {schema}.paused_queues (queue, paused_at) VALUES (%(queue)s, {now})
+ON CONFLICT DO NOTHING
+
+-- name: resume_queue
+-- Deletes the pause row and wakes the queue's workers in the same statement.
+WITH resumed AS (
+    DELETE FROM {schema}.paused_queues WHERE queue = %(queue)s RETURNING queue
+)
+SELECT {schema}.wake(array(SELECT queue FROM resumed))
+
+-- name: paused_queues
+SELECT queue FROM {schema}.paused_queues ORDER BY queue
+
+-- name: requeue
+-- Makes one finished row ready now with attempts 0 (result and progress cleared, last error
+-- kept); with from_step, that step and every later one (by seq) are deleted in the same
+-- statement, and nothing changes when the run has no such step. A live row holding the key makes
+-- the insert into the live-key index fail (X_JOB_DUPLICATE), undoing the whole statement.
+WITH target AS (
+    SELECT j.id, j.run_id FROM {schema}.jobs j
+    WHERE j.id = %(id)s AND j.state IN ('done', 'failed', 'dead', 'cancelled')
+),
+cut AS (
+    SELECT s.seq FROM {schema}.job_steps s JOIN target t ON s.run_id = t.run_id
+    WHERE s.name = %(from_step)s
+),
+requeued AS (
+    UPDATE {schema}.jobs j
+    SET state = 'ready', attempts = 0, run_at = {now}, visible_at = NULL, result = NULL,
+        progress = NULL, updated_at = {now}
+    FROM target t
+    WHERE j.id = t.id AND (%(from_step)s::text IS NULL OR EXISTS (SELECT 1 FROM cut))
+    RETURNING j.queue, j.run_id
+),
+dropped AS (
+    DELETE FROM {schema}.job_steps s
+    USING requeued r
+    WHERE s.run_id = r.run_id AND s.seq >= (SELECT seq FROM cut)
+),
+woken AS (
+    SELECT {schema}.wake(array(SELECT queue FROM requeued)) AS notified
+)
+SELECT (SELECT count(*) FROM requeued), (SELECT notified FROM woken)
+
+-- name: remove
+-- Deletes a row that is not running, with its run's steps.
+WITH removed AS (
+    DELETE FROM {schema}.jobs WHERE id = %(id)s AND state <> 'running' RETURNING run_id
+),
+steps AS (
+    DELETE FROM {schema}.job_steps s USING removed r WHERE s.run_id = r.run_id
+)
+SELECT count(*) FROM removed
+
+-- name: promote
+-- Makes a delayed or suspended row whose run_at is ahead due now (delayed becomes ready).
+WITH promoted AS (
+    UPDATE {schema}.jobs
+    SET state = CASE WHEN state = 'delayed' THEN 'ready' ELSE state END, run_at = {now},
+        updated_at = {now}
+    WHERE id = %(id)s AND state IN ('delayed', 'suspended') AND run_at > {now}
+    RETURNING queue
+),
+woken AS (
+    SELECT {schema}.wake(array(SELECT queue FROM promoted)) AS notified
+)
+SELECT (SELECT count(*) FROM promoted), (SELECT notified FROM woken)
+
+-- name: requeue_many
+-- Requeues up to 1,000 finished rows matching the filter, newest first, the newest per key whose
+-- key no live row holds; answers how many, and how many eligible rows remain after it.
+WITH eligible AS (
+    SELECT j.id, j.name, coalesce(j.tenant_id, '') AS tenant, j.idempotency_key,
+           j.created_at
+    FROM {schema}.jobs j
+    WHERE {filter}
+      AND j.state IN ('done', 'failed', 'dead', 'cancelled')
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}.jobs l
+          WHERE l.name = j.name AND coalesce(l.tenant_id, '') = coalesce(j.tenant_id, '')
+            AND l.idempotency_key = j.idempotency_key
+            AND l.state IN ('ready', 'delayed', 'running', 'suspended')
+      )
+),
+picked AS (
+    SELECT id, name, tenant, idempotency_key FROM (
+        SELECT DISTINCT ON (name, tenant, idempotency_key) *
+        FROM eligible
+        ORDER BY name, tenant, idempotency_key, created_at DESC, id DESC
+    ) AS newest
+    ORDER BY created_at DESC, id DESC
+    LIMIT 1000
+),
+requeued AS (
+    UPDATE {schema}.jobs j
+    SET state = 'ready', attempts = 0, run_at = {now}, visible_at = NULL, result = NULL,
+        progress = NULL, updated_at = {now}
+    FROM picked p
+    WHERE j.id = p.id AND j.state IN ('done', 'failed', 'dead', 'cancelled')
+    RETURNING j.queue
+),
+woken AS (
+    SELECT {schema}.wake(array(SELECT DISTINCT queue FROM requeued)) AS notified
+)
+SELECT (SELECT count(*) FROM requeued),
+       (SELECT count(*) FROM eligible e WHERE NOT EXISTS (
+            SELECT 1 FROM picked p
+            WHERE p.name = e.name AND p.tenant = e.tenant
+              AND p.idempotency_key = e.idempotency_key)),
+       (SELECT notified FROM woken)
+
+-- name: remove_many
+-- Removes up to 1,000 rows matching the filter that are not running, newest first, with their
+-- runs' steps; answers how many, and how many such rows remain.
+WITH candidates AS (
+    SELECT j.id FROM {schema}.jobs j
+    WHERE {filter} AND j.state <> 'running'
+),
+removed AS (
+    DELETE FROM {schema}.jobs j
+    WHERE j.id IN (
+        SELECT c.id FROM candidates c JOIN {schema}.jobs o ON o.id = c.id
+        ORDER BY o.created_at DESC, o.id DESC
+        LIMIT 1000
+    ) AND j.state <> 'running'
+    RETURNING j.run_id
+),
+steps AS (
+    DELETE FROM {schema}.job_steps s USING removed r WHERE s.run_id = r.run_id
+)
+SELECT (SELECT count(*) FROM removed), (SELECT count(*) FROM candidates) - (SELECT count(*) FROM removed)
+
+-- name: promote_many
+-- Promotes up to 1,000 waiting rows matching the filter, newest first; answers how many, and how
+-- many waiting rows remain.
+WITH candidates AS (
+    SELECT j.id, j.created_at FROM {schema}.jobs j
+    WHERE {filter} AND j.state IN ('delayed', 'suspended') AND j.run_at > {now}
+),
+promoted AS (
+    UPDATE {schema}.jobs j
+    SET state = CASE WHEN j.state = 'delayed' THEN 'ready' ELSE j.state END, run_at = {now},
+        updated_at = {now}
+    WHERE j.id IN (SELECT id FROM candidates ORDER BY created_at DESC, id DESC LIMIT 1000)
+      AND j.state IN ('delayed', 'suspended') AND j.run_at > {now}
+    RETURNING j.queue
+),
+woken AS (
+    SELECT {schema}.wake(array(SELECT DISTINCT queue FROM promoted)) AS notified
+)
+SELECT (SELECT count(*) FROM promoted),
+       (SELECT count(*) FROM candidates) - (SELECT count(*) FROM promoted),
+       (SELECT notified FROM woken)
+
+-- name: lease_lock
+-- Serialises acquirers of one lease key for the rest of the transaction (C28): the capacity
+-- check and the slot insert below then see every committed holder.
+SELECT pg_advisory_xact_lock(hashtext(%(namespace)s), hashtext(%(key)s))
+
+-- name: lease_acquire
+-- Renews the holder's live slot, or takes the lowest free slot while fewer than `limit` slots
+-- are live. Runs after lease_lock in one transaction.
+WITH mine AS (
+    UPDATE {schema}.leases
+    SET expires_at = {now} + %(ttl_ms)s * interval '1 millisecond'
+    WHERE lease_key = %(key)s AND holder = %(holder)s AND expires_at > {now}
+    RETURNING slot
+),
+live AS (
+    SELECT slot FROM {schema}.leases WHERE lease_key = %(key)s AND expires_at > {now}
+),
+free AS (
+    SELECT s.slot FROM generate_series(0, %(limit)s - 1) AS s(slot)
+    WHERE NOT EXISTS (SELECT 1 FROM mine)
+      AND (SELECT count(*) FROM live) < %(limit)s
+      AND s.slot NOT IN (SELECT slot FROM live)
+    ORDER BY s.slot
+    LIMIT 1
+),
+taken AS (
+    INSERT INTO {schema}.leases AS l (lease_key, slot, holder, expires_at, acquired_at)
+    SELECT %(key)s, slot, %(holder)s, {now} + %(ttl_ms)s * interval '1 millisecond',
+           clock_timestamp()
+    FROM free
+    ON CONFLICT (lease_key, slot) DO UPDATE
+    SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at,
+        acquired_at = EXCLUDED.acquired_at
+    RETURNING slot
+)
+SELECT EXISTS (SELECT 1 FROM mine) OR EXISTS (SELECT 1 FROM taken)
+
+-- name: lease_renew
+UPDATE {schema}.leases
+SET expires_at = {now} + %(ttl_ms)s * interval '1 millisecond'
+WHERE lease_key = %(key)s AND holder = %(holder)s AND expires_at > {now}
+RETURNING 1
+
+-- name: lease_release
+DELETE FROM {schema}.leases WHERE lease_key = %(key)s AND holder = %(holder)s
+
+-- name: lease_holders
+SELECT holder FROM {schema}.leases
+WHERE lease_key = %(key)s AND expires_at > {now}
+ORDER BY acquired_at, slot
+
+-- name: event_publish
+-- Stores an event and, in the same statement, makes every suspended run with a matching waiting
+-- step due now and wakes their queues (a rollback undoes all three). A step's match holds when
+-- every key of it is a top-level key of the payload with an equal JSON value.
+WITH event AS (
+    INSERT INTO {schema}.events (id, name, payload, correlation_key, published_at, expires_at)
+    VALUES (%(id)s, %(name)s, %(payload)s::jsonb, %(correlation_key)s, {now},
+            {now} + %(ttl_ms)s * interval '1 millisecond')
+    RETURNING id, name, payload, correlation_key, published_at, expires_at
+),
+woken AS (
+    UPDATE {schema}.jobs j
+    SET run_at = {now}, updated_at = {now}
+    WHERE j.state = 'suspended'
+      AND j.run_at > {now}
+      AND j.run_id IN (
+          SELECT s.run_id FROM {schema}.job_steps s
+          WHERE s.event = %(name)s AND s.status = 'waiting'
+            AND (s.match IS NULL OR NOT EXISTS (
+                SELECT 1 FROM jsonb_each(s.match) AS m(key, value)
+                WHERE jsonb_typeof(%(payload)s::jsonb) <> 'object'
+                   OR (%(payload)s::jsonb -> m.key) IS DISTINCT FROM m.value
+            ))
+      )
+    RETURNING j.queue
+),
+notified AS (
+    SELECT {schema}.wake(array(SELECT DISTINCT queue FROM woken)) AS n
+)
+SELECT e.id, e.name, e.payload, e.correlation_key, e.published_at, e.expires_at,
+       (SELECT n FROM notified)
+FROM event e
+
+-- name: event_find
+-- The earliest unexpired event with the name, published at or after `since`, with the
+-- correlation key when one is given, whose payload holds every key of `match` with an equal value.
+SELECT e.id, e.name, e.payload, e.correlation_key, e.published_at, e.expires_at
+FROM {schema}.events e
+WHERE e.name = %(name)s
+  AND e.expires_at > {now}
+  AND e.published_at >= %(since)s
+  AND (%(correlation_key)s::text IS NULL OR e.correlation_key = %(correlation_key)s)
+  AND NOT EXISTS (
+      SELECT 1 FROM jsonb_each(%(match)s::jsonb) AS m(key, value)
+      WHERE jsonb_typeof(e.payload) <> 'object' OR (e.payload -> m.key) IS DISTINCT FROM m.value
+  )
+ORDER BY e.published_at, e.seq
+LIMIT 1
+
+-- name: event_purge
+WITH purged AS (
+    DELETE FROM {schema}.events WHERE expires_at <= {now} RETURNING 1
+)
+SELECT count(*) FROM purged
+
+-- name: event_reset
+WITH purged AS (
+    DELETE FROM {schema}.events RETURNING 1
+)
+SELECT count(*) FROM purged
+
+-- name: outbox_stage
+-- Stages up to 1,000 enqueues on the caller's transaction. A delay becomes an absolute run_at
+-- here, so the relay publishes the instant the caller asked for.
+INSERT INTO {schema}.outbox (
+    id, name, queue, input, idempotency_key, tenant_id, max_attempts, run_id, run_at,
+    traceparent, enqueued_by, staged_at
+)
+SELECT r.id, r.name, r.queue, r.input::jsonb, r.idempotency_key, r.tenant_id, r.max_attempts,
+       r.run_id, greatest(coalesce(r.run_at, {now} + r.delay_ms * interval '1 millisecond'), {now}),
+       r.traceparent, r.enqueued_by, {now}
+FROM unnest(
+    %(ids)s::uuid[], %(run_ids)s::uuid[], %(names)s::text[], %(queues)s::text[],
+    %(inputs)s::text[], %(keys)s::text[], %(tenants)s::text[], %(max_attempts)s::int[],
+    %(run_ats)s::timestamptz[], %(delays)s::bigint[], %(traceparents)s::text[],
+    %(enqueued_bys)s::text[]
+) WITH ORDINALITY AS r(id, run_id, name, queue, input, idempotency_key, tenant_id, max_attempts,
+                       run_at, delay_ms, traceparent, enqueued_by, ord)
+ORDER BY r.ord
+
+-- name: outbox_claim
+-- Takes up to `limit` committed, unpublished rows whose claim is free or lapsed, oldest first,
+-- under a new token.
+WITH picked AS (
+    SELECT o.id FROM {schema}.outbox o
+    WHERE o.published_at IS NULL AND (o.claim_expires_at IS NULL OR o.claim_expires_at <= {now})
+    ORDER BY o.staged_at, o.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.outbox o
+SET claimed_at = {now}, claimed_by = %(token)s,
+    claim_expires_at = {now} + %(lease_ms)s * interval '1 millisecond'
+FROM picked
+WHERE o.id = picked.id
+RETURNING o.id, o.name, o.queue, o.input, o.idempotency_key, o.tenant_id, o.max_attempts,
+          o.run_id, o.run_at, o.traceparent, o.enqueued_by, o.staged_at
+
+-- name: outbox_release
+UPDATE {schema}.outbox
+SET claimed_at = NULL, claimed_by = NULL, claim_expires_at = NULL
+WHERE id = ANY(%(ids)s::uuid[]) AND claimed_by = %(token)s AND published_at IS NULL
+
+-- name: outbox_mark
+WITH marked AS (
+    UPDATE {schema}.outbox
+    SET published_at = {now}
+    WHERE id = ANY(%(ids)s::uuid[]) AND claimed_by = %(token)s AND published_at IS NULL
+    RETURNING 1
+)
+SELECT count(*) FROM marked
+
+-- name: watermarks
+SELECT task, watermark FROM {schema}.scheduler_state
+
+-- name: watermark_move
+-- Compare-and-set of one task's watermark: it moves only from `expected` (a task with none is
+-- created only when `expected` is NULL). Answers whether it moved.
+WITH moved AS (
+    UPDATE {schema}.scheduler_state
+    SET watermark = %(to)s, updated_at = {now}
+    WHERE task = %(task)s AND watermark = %(expected)s
+    RETURNING 1
+),
+created AS (
+    INSERT INTO {schema}.scheduler_state (task, watermark, updated_at)
+    SELECT %(task)s, %(to)s, {now} WHERE %(expected)s::timestamptz IS NULL
+    ON CONFLICT (task) DO NOTHING
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM moved) OR EXISTS (SELECT 1 FROM created)
+
+-- name: task_fire_record
+-- Runs in the fire's transaction, after the watermark moved and the jobs were enqueued.
+INSERT INTO {schema}.task_fires AS f (task, occurrence, watermark, fired_at, job_ids)
+VALUES (%(task)s, %(occurrence)s, %(watermark)s, {now}, %(job_ids)s::uuid[])
+ON CONFLICT (task) DO UPDATE
+SET occurrence = EXCLUDED.occurrence, watermark = EXCLUDED.watermark,
+    fired_at = EXCLUDED.fired_at, job_ids = EXCLUDED.job_ids
+RETURNING fired_at
+
+-- name: task_fires
+SELECT task, occurrence, watermark, fired_at, job_ids FROM {schema}.task_fires ORDER BY task
+
+-- name: pause_task
+INSERT INTO {schema}.paused_tasks (task, paused_at) VALUES (%(task)s, {now})
+ON CONFLICT DO NOTHING
+
+-- name: resume_task
+DELETE FROM {schema}.paused_tasks WHERE task = %(task)s
+
+-- name: paused_tasks
+SELECT task FROM {schema}.paused_tasks ORDER BY task
+
+-- name: leader_acquire
+-- Takes the leader row when it is free or lapsed, or renews it for its holder; answers whether
+-- `holder` holds it now.
+INSERT INTO {schema}.scheduler_leader AS l (name, holder, expires_at)
+VALUES ('scheduler', %(holder)s, {now} + %(ttl_ms)s * interval '1 millisecond')
+ON CONFLICT (name) DO UPDATE
+SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
+WHERE l.holder = EXCLUDED.holder OR l.expires_at <= {now}
+RETURNING 1
+
+-- name: leader_release
+DELETE FROM {schema}.scheduler_leader WHERE name = 'scheduler' AND holder = %(holder)s
+
+-- name: leader_holder
+SELECT holder FROM {schema}.scheduler_leader WHERE name = 'scheduler' AND expires_at > {now}
+
+-- name: worker_beat
+-- Inserts or refreshes a worker's row; rows expired a day ago are swept in the same statement.
+WITH swept AS (
+    DELETE FROM {schema}.workers WHERE expires_at < {now} - interval '1 day'
+)
+INSERT INTO {schema}.workers AS w (
+    id, host, build, started_at, queues, slots, in_flight, last_heartbeat, draining_at,
+    expires_at
+)
+VALUES (%(id)s, %(host)s, %(build)s, %(started_at)s, %(queues)s::text[], %(slots)s,
+        %(in_flight)s::uuid[], {now}, %(draining_at)s,
+        {now} + %(ttl_ms)s * interval '1 millisecond')
+ON CONFLICT (id) DO UPDATE
+SET host = EXCLUDED.host, build = EXCLUDED.build, started_at = EXCLUDED.started_at,
+    queues = EXCLUDED.queues, slots = EXCLUDED.slots, in_flight = EXCLUDED.in_flight,
+    last_heartbeat = EXCLUDED.last_heartbeat, draining_at = EXCLUDED.draining_at,
+    expires_at = EXCLUDED.expires_at
+
+-- name: worker_remove
+DELETE FROM {schema}.workers WHERE id = %(id)s
+
+-- name: workers
+SELECT id, host, build, started_at, queues, slots, in_flight, last_heartbeat, draining_at
+FROM {schema}.workers
+WHERE expires_at > {now}
+ORDER BY id
+
+-- name: counters
+-- One job's buckets that end after `since`, shards summed, the newest 4,176 oldest first.
+SELECT tier, bucket, done, retried, failed, dead, duration_ms FROM (
+    SELECT tier, bucket, sum(done)::bigint AS done, sum(retried)::bigint AS retried,
+           sum(failed)::bigint AS failed, sum(dead)::bigint AS dead,
+           sum(duration_ms) AS duration_ms
+    FROM {schema}.counters
+    WHERE name = %(name)s
+      AND bucket + CASE tier WHEN '1m' THEN interval '1 minute'
+                             WHEN '5m' THEN interval '5 minutes'
+                             ELSE interval '1 hour' END > %(since)s
+    GROUP BY tier, bucket
+    ORDER BY bucket DESC, tier
+    LIMIT %(limit)s
+) AS newest
+ORDER BY bucket, tier
+
+-- name: counter_totals
+-- Per job name, the sums of its buckets that end after `since`, and the coarsest tier summed.
+SELECT name, sum(done)::bigint, sum(retried)::bigint, sum(failed)::bigint, sum(dead)::bigint,
+       sum(duration_ms),
+       (array['1m', '5m', '1h'])[max(CASE tier WHEN '1m' THEN 1 WHEN '5m' THEN 2 ELSE 3 END)]
+FROM {schema}.counters
+WHERE bucket + CASE tier WHEN '1m' THEN interval '1 minute'
+                         WHEN '5m' THEN interval '5 minutes'
+                         ELSE interval '1 hour' END > %(since)s
+GROUP BY name
+ORDER BY name
+
+-- name: counter_fold
+-- Folds one tier's aged buckets into the next tier in one statement (or drops them, for 1h): a
+-- bucket ages once its whole parent bucket ended more than the tier's retention ago. Answers how
+-- many buckets (not shard rows) moved.
+WITH aged AS (
+    DELETE FROM {schema}.counters c
+    WHERE c.tier = %(tier)s
+      AND to_timestamp(floor(extract(epoch FROM c.bucket) / %(parent_s)s) * %(parent_s)s)
+          + %(parent_s)s * interval '1 second' <= {now} - %(kept_s)s * interval '1 second'
+    RETURNING c.*
+),
+folded AS (
+    INSERT INTO {schema}.counters AS c (name, tier, bucket, shard, done, retried, failed, dead,
+                                        duration_ms)
+    SELECT name, %(parent)s,
+           to_timestamp(floor(extract(epoch FROM bucket) / %(parent_s)s) * %(parent_s)s), 0,
+           sum(done), sum(retried), sum(failed), sum(dead), sum(duration_ms)
+    FROM aged
+    WHERE %(parent)s::text IS NOT NULL
+    GROUP BY 1, 2, 3
+    ON CONFLICT (name, tier, bucket, shard) DO UPDATE
+    SET done = c.done + EXCLUDED.done, retried = c.retried + EXCLUDED.retried,
+        failed = c.failed + EXCLUDED.failed, dead = c.dead + EXCLUDED.dead,
+        duration_ms = c.duration_ms + EXCLUDED.duration_ms
+)
+SELECT count(*) FROM (SELECT DISTINCT name, bucket FROM aged) AS buckets
+
+-- name: wake_probe
+-- Sent through the pool to a wake listener's private channel: its arrival proves the LISTEN
+-- connection is live (a half-open one never hears it).
+SELECT pg_notify(%(channel)s, %(payload)s)

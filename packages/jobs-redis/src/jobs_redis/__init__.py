@@ -1,0 +1,31 @@
+"""jobs-redis: the Redis driver for ``jobs``.
+
+``RedisDriver.connect("redis://127.0.0.1:6379/0", prefix="jobs", done_ttl="7d")``, or
+``jobs_core.open_driver("redis://…")`` through the ``redis``/``rediss`` entry points.
+"""
+
+from jobs_redis._driver import (
+    CARRIED,
+    OPERATOR_MEMBERS,
+    RedisDriver,
+    RedisEventBus,
+    RedisLeaseStore,
+    RedisOperator,
+    RedisStepStore,
+    RedisWakeSource,
+    open_redis_driver,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CARRIED",
+    "OPERATOR_MEMBERS",
+    "RedisDriver",
+    "RedisEventBus",
+    "RedisLeaseStore",
+    "RedisOperator",
+    "RedisStepStore",
+    "RedisWakeSource",
+    "open_redis_driver",
+]

@@ -1,0 +1,184 @@
+"""Clients, script calls and the refusal rule: a server that cannot be reached fails the call now.
+
+Design notes (the alternatives that were rejected):
+
+* **Fail fast, reconnect lazily.** Clients are built with a short connect timeout, a bounded
+  command timeout and no retry, so a call made while Redis is down raises
+  ``DriverUnavailableError`` (``X_DRIVER_UNAVAILABLE``) at once instead of queueing in memory or
+  waiting for the connection to come back (FIELD-FAILURES C12). The pool dials afresh on the next
+  call, so a restarted server is used with no process restart. redis-py's built-in retries were
+  rejected: each one multiplies the time a caller waits before it hears "down".
+* **One client per event loop.** redis-py's asyncio connections belong to the loop that opened
+  them. A sync caller's ``enqueue_sync`` runs each call on a fresh loop, and the conformance suite
+  drives drivers from several threads, so a single shared client would be handed sockets of a
+  closed loop. The clients are kept in a ``WeakKeyDictionary`` so a finished loop's client goes
+  with it.
+* **A server's own error reply passes through** (``redis.exceptions.ResponseError``): it says
+  something is wrong with the request or the server's state (``OOM``, ``READONLY``), not that the
+  server is away, and retrying the call elsewhere would not help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Awaitable, Sequence
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from jobs_core.errors import DriverUnavailableError
+from jobs_redis._scripts import Script
+
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    OSError,
+    TimeoutError,
+)
+"""Errors meaning the server could not be reached or did not answer in time."""
+
+
+class Connection:
+    """The driver's clients (one per event loop) and its script calls.
+
+    Args:
+        url: a ``redis://`` or ``rediss://`` URL.
+        connect_timeout_s: how long dialling may take (seconds).
+        command_timeout_s: how long one command may wait for its reply (seconds).
+    """
+
+    def __init__(self, url: str, connect_timeout_s: float, command_timeout_s: float) -> None:
+        """Keep the settings; nothing is dialled until the first call."""
+        self.url = url
+        self._connect_timeout_s = connect_timeout_s
+        self._command_timeout_s = command_timeout_s
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.closed = False
+
+    def client(self) -> aioredis.Redis:
+        """Answer the running loop's client, building it on first use.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`close`.
+        """
+        if self.closed:
+            raise DriverUnavailableError("the redis driver is closed", driver="redis")
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = aioredis.Redis.from_url(
+                self.url,
+                decode_responses=True,
+                socket_connect_timeout=self._connect_timeout_s,
+                socket_timeout=self._command_timeout_s,
+                retry=Retry(NoBackoff(), 0),
+            )
+            self._clients[loop] = client
+        return client
+
+    def unavailable(self, exc: BaseException) -> DriverUnavailableError:
+        """Answer the refusal raised in place of a connection failure ``exc``."""
+        return DriverUnavailableError(
+            f"redis at {self.safe_url()} cannot be reached ({type(exc).__name__}: {exc}); "
+            "nothing was changed by this call unless a reply was lost in flight",
+            driver="redis",
+            error=type(exc).__name__,
+        )
+
+    def safe_url(self) -> str:
+        """Answer the URL without its password, for messages and ``describe()``."""
+        scheme, sep, rest = self.url.partition("://")
+        if "@" not in rest:
+            return self.url
+        return f"{scheme}{sep}***@{rest.rpartition('@')[2]}"
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Call ``script`` by SHA; load it once if the server does not have it.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+            redis.exceptions.ResponseError: the server's own error reply, unmapped.
+        """
+        client = self.client()
+        try:
+            try:
+                return await _evalsha(client, script, keys, args)
+            except NoScriptError:
+                await cast(Awaitable[str], client.script_load(script.text))
+                return await _evalsha(client, script, keys, args)
+        except UNAVAILABLE as exc:
+            raise self.unavailable(exc) from exc
+
+    async def run_all(
+        self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """Call ``script`` once per ``(keys, args)`` inside one ``MULTI``/``EXEC``: all or none.
+
+        Every call names the same script, so a server without it refuses each one with NOSCRIPT
+        and nothing runs; the script is then loaded and the whole transaction sent again.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+            redis.exceptions.ResponseError: the server's own error reply, unmapped.
+        """
+        client = self.client()
+        try:
+            try:
+                return await _transaction(client, script, calls)
+            except NoScriptError:
+                await cast(Awaitable[str], client.script_load(script.text))
+                return await _transaction(client, script, calls)
+        except UNAVAILABLE as exc:
+            raise self.unavailable(exc) from exc
+
+    async def load_all(self, scripts: Sequence[Script]) -> None:
+        """``SCRIPT LOAD`` every script now (a reachability check at connect time).
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        client = self.client()
+        try:
+            for script in scripts:
+                await cast(Awaitable[str], client.script_load(script.text))
+        except UNAVAILABLE as exc:
+            raise self.unavailable(exc) from exc
+
+    async def close(self) -> None:
+        """Refuse every later call and close the running loop's client.
+
+        Clients of other loops are dropped; their sockets close when those loops' objects go.
+        """
+        self.closed = True
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        clients = dict(self._clients)
+        self._clients.clear()
+        client = clients.get(loop) if loop is not None else None
+        if client is not None:
+            await client.aclose()
+
+
+async def _evalsha(
+    client: aioredis.Redis, script: Script, keys: Sequence[str], args: Sequence[Any]
+) -> Any:
+    return await cast(Awaitable[Any], client.evalsha(script.sha, len(keys), *keys, *args))
+
+
+async def _transaction(
+    client: aioredis.Redis, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+) -> list[Any]:
+    async with client.pipeline(transaction=True) as pipe:
+        for keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        return cast(list[Any], await pipe.execute())

@@ -1,0 +1,1225 @@
+"""The Redis driver: the job protocol over Lua scripts, one per operation, on redis-py asyncio.
+
+Layout (``<base>`` is ``"{<prefix>}:"``; the braces are a Redis Cluster hash tag, so every key of
+one prefix lives in one slot and every script runs unchanged on a cluster):
+
+==============================  ==============================================================
+key                             holds
+==============================  ==============================================================
+``<base>j:<id>``                one row (a hash; JSON fields as text, instants in µs)
+``<base>s:<run_id>``            a run's steps (records, seqs, statuses, waiting events)
+``<base>live``                  live key ``(name, tenant, key)`` -> row id: the dedupe index
+``<base>q:<queue>:r``           ready/delayed rows by ``run_at`` (members ``<seq>:<id>``)
+``<base>q:<queue>:s``           suspended rows by ``run_at``
+``<base>q:<queue>:l``           running rows by lease expiry
+``<base>q:<queue>:f``           finished counts per state
+``<base>queues``, ``paused``    queue names ever used; paused queue names
+``<base>ev:*``, ``evn:*``,      events, events by name, events by expiry, waiting steps by event
+``evx``, ``evw:*``
+``<base>ls:*``, ``lx:*``        lease slots in order, and their expiries
+``<base>wake``                  the pub/sub channel carrying queue names
+==============================  ==============================================================
+
+Design notes (the alternatives that were rejected):
+
+* **Three sorted sets per queue instead of one.** A claim must take rows whose ``run_at`` passed
+  and running rows whose lease lapsed, oldest ``run_at`` first. One set scored by "claimable at"
+  would order a lapsed row by its lease expiry instead of its ``run_at``; one scored by ``run_at``
+  would keep leased rows in the way of every claim. Separate sets also make ``stats`` and
+  ``demand`` a few ``ZCOUNT`` calls instead of a scan of every row.
+* **Members carry a sequence** (``%016d:<id>``), so rows due at the same microsecond keep their
+  insertion order, exactly as the memory driver's heaps do.
+* **The server's ``TIME`` decides** what is due and what lapsed, never the worker's clock; the
+  Python side only validates (a naive ``run_at``, a delay out of range).
+* **No introspect capability.** Listing newest-first with any mix of filters, and the bulk
+  operator calls, would need secondary indexes on every field or a scan of every row. The cheap
+  part of the operator surface is carried as :attr:`RedisDriver.operator` and named in
+  :meth:`RedisDriver.describe`; core's operator calls raise ``X_NOT_IMPLEMENTED`` on this driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Self
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from uuid import UUID
+
+from jobs_core._durations import Duration, parse_duration
+from jobs_core.driver import (
+    CAPABILITIES,
+    EventQuery,
+    LeaseRequest,
+    PublishRequest,
+    StepResolution,
+    StepStore,
+)
+from jobs_core.errors import (
+    DriverRequestInvalidError,
+    JobCancelledError,
+    JobNotCancellableError,
+    JobNotFoundError,
+    StepNotResolvableError,
+)
+from jobs_core.ids import new_id
+from jobs_core.types import (
+    ENQUEUE_CHUNK,
+    BuriedJob,
+    ClaimedJob,
+    ClaimRequest,
+    EnqueueRequest,
+    EnqueueResult,
+    Fence,
+    JobInfo,
+    JobState,
+    JSONValue,
+    NackOptions,
+    QueueStats,
+    Settle,
+    StepRecord,
+    StepWrite,
+    StoredEvent,
+    nack_state,
+)
+from jobs_redis._codec import (
+    canonical_fields,
+    encode,
+    from_us,
+    live_field,
+    opt,
+    to_us,
+    unopt,
+)
+from jobs_redis._connection import UNAVAILABLE, Connection
+from jobs_redis._scripts import SCRIPTS
+
+_log = logging.getLogger("jobs.redis")
+
+CARRIED: frozenset[str] = frozenset({"leases", "events", "wake"})
+"""The optional capabilities this driver declares."""
+
+OPERATOR_MEMBERS: tuple[str, ...] = (
+    "get",
+    "cancel",
+    "resolve_step",
+    "pause_queue",
+    "resume_queue",
+    "paused_queues",
+)
+"""The operator calls :class:`RedisOperator` carries (a subset of ``Introspector``)."""
+
+_NOT_CARRIED: dict[str, str] = {
+    "introspect": "listing with filters and the bulk calls would scan every row; "
+    "driver.operator carries " + ", ".join(OPERATOR_MEMBERS),
+    "outbox": "the transaction is the database's: stage in Postgres, relay onto Redis",
+    "backfills": "no ledger; backfills run without bookkeeping",
+    "scheduler_state": "run the scheduler on the Postgres driver's state",
+    "leader": "run the scheduler on the Postgres driver's leader lease",
+    "workers": "no worker registry",
+    "counters": "no per-job counter history; stats() counts per queue",
+}
+
+_QUEUED_STATES = frozenset({JobState.READY, JobState.DELAYED, JobState.SUSPENDED})
+
+
+def _checked_ms(ms: int, what: str) -> int:
+    """Answer ``ms`` if an instant that far from now exists, like the memory driver's check.
+
+    Only the range is checked here (the worker's clock is close enough for that); the server's
+    ``TIME`` decides every instant that is stored.
+
+    Raises:
+        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` out of range.
+    """
+    try:
+        datetime.now(UTC) + timedelta(milliseconds=ms)
+    except OverflowError as exc:
+        raise DriverRequestInvalidError(f"{what}={ms} ms is out of range", field=what) from exc
+    return ms
+
+
+def _pairs(flat: Sequence[str]) -> dict[str, str]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _record_text(record: StepRecord, output: str, match: str | None) -> str:
+    """Answer a step record as JSON text; ``output``/``match`` are already checked JSON text."""
+
+    def us(at: datetime | None, what: str) -> int | None:
+        return None if at is None else to_us(at, what)
+
+    meta = json.dumps(
+        {
+            "status": record.status,
+            "started_at": us(record.started_at, "started_at"),
+            "completed_at": us(record.completed_at, "completed_at"),
+            "wake_at": us(record.wake_at, "wake_at"),
+            "event": record.event,
+            "attempts": record.attempts,
+            "error": record.error,
+            "once": record.once,
+        }
+    )
+    return f'{meta[:-1]}, "output": {output}, "match": {match or "null"}}}'
+
+
+def _record(name: str, text: str, seq: int) -> StepRecord:
+    """Decode a record written by :func:`_record_text`."""
+    raw = json.loads(text)
+
+    def at(key: str) -> datetime | None:
+        return None if raw[key] is None else from_us(raw[key])
+
+    return StepRecord(
+        name=name,
+        status=raw["status"],
+        output=raw["output"],
+        seq=seq,
+        started_at=at("started_at"),
+        completed_at=at("completed_at"),
+        wake_at=at("wake_at"),
+        event=raw["event"],
+        match=raw["match"],
+        attempts=raw["attempts"],
+        error=raw["error"],
+        once=raw["once"],
+    )
+
+
+def _steps(fields: dict[str, str]) -> list[StepRecord]:
+    """Decode a steps hash (``r:<name>`` records and ``q:<name>`` seqs) in ``seq`` order."""
+    records = [
+        _record(field[2:], text, int(fields["q:" + field[2:]]))
+        for field, text in fields.items()
+        if field.startswith("r:")
+    ]
+    return sorted(records, key=lambda r: r.seq)
+
+
+class _Keys:
+    """Key names of one prefix (all under its hash tag)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.base = "{" + prefix + "}:"
+        self.seq = self.base + "seq"
+        self.queues = self.base + "queues"
+        self.paused = self.base + "paused"
+        self.events_by_expiry = self.base + "evx"
+        self.wake = self.base + "wake"
+
+    def job(self, job_id: UUID | str) -> str:
+        return f"{self.base}j:{job_id}"
+
+    def steps(self, run_id: UUID | str) -> str:
+        return f"{self.base}s:{run_id}"
+
+    def events(self, name: str) -> str:
+        return f"{self.base}evn:{name}"
+
+    def lease(self, key: str) -> list[str]:
+        return [f"{self.base}ls:{key}", f"{self.base}lx:{key}"]
+
+
+class _Shared:
+    """What the driver and its stores share: the connection and the key names."""
+
+    def __init__(self, conn: Connection, keys: _Keys) -> None:
+        self.conn = conn
+        self.keys = keys
+
+    async def run(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await self.conn.run(SCRIPTS[script], keys, args)
+
+    async def now(self) -> datetime:
+        return from_us(await self.run("time", [self.keys.seq], []))
+
+
+class RedisStepStore:
+    """The Redis driver's :class:`~jobs_core.driver.StepStore`.
+
+    Args:
+        shared: the driver's connection and keys.
+    """
+
+    def __init__(self, shared: _Shared) -> None:
+        """Serve ``shared`` (the arguments are described in the class docstring)."""
+        self._s = shared
+
+    async def load(self, run_id: UUID) -> list[StepRecord]:
+        """Answer every step of a run in ``seq`` order (empty for a new run).
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        flat = await self._s.run("step_load", [self._s.keys.steps(run_id)], [])
+        return _steps(_pairs(flat))
+
+    async def write(self, write: StepWrite) -> bool:
+        """Insert or replace one step record (by ``run_id`` and name), fenced like an ack.
+
+        A write carrying ``job_id`` and ``fence`` lands only while that row is ``running`` under
+        the fence and belongs to ``write.run_id``; one carrying neither (``run_inline``) always
+        lands. A first insert gets ``seq`` one past the run's highest; a replacement keeps it. A
+        fenced ``waiting`` step is indexed under its event, so a publish can wake its run.
+
+        Returns:
+            ``True`` when written; ``False``, writing nothing, when the fence does not hold.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a write carrying only one
+                of ``job_id`` and ``fence``, an output or match that is not JSON (or holds a NUL
+                character), or a naive instant.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        record = write.record
+        if (write.job_id is None) != (write.fence is None):
+            raise DriverRequestInvalidError(
+                "a step write carries both job_id and fence, or neither (run_inline)",
+                job_id=None if write.job_id is None else str(write.job_id),
+            )
+        output = encode(record.output, "step output")
+        match = None if record.match is None else encode(dict(record.match), "step match")
+        waits = record.status == "waiting" and record.event is not None
+        fence = write.fence
+        seq = await self._s.run(
+            "step_write",
+            [self._s.keys.steps(write.run_id)],
+            [
+                self._s.keys.base,
+                "" if write.job_id is None else str(write.job_id),
+                "" if fence is None else fence.worker_id,
+                "" if fence is None else str(fence.claim),
+                str(write.run_id),
+                record.name,
+                _record_text(record, output, match),
+                record.status + ("!" if record.once else ""),
+                record.event if waits and record.event else "",
+                canonical_fields(match) if waits and match is not None else "",
+            ],
+        )
+        return int(seq) >= 0
+
+    async def now(self) -> datetime:
+        """Answer the server's current instant (UTC), from ``TIME``.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        return await self._s.now()
+
+
+class RedisLeaseStore:
+    """The Redis driver's :class:`~jobs_core.driver.LeaseStore`: slots per key with expiry.
+
+    A key's slots are kept in acquisition order with an expiry each; both keys carry a Redis TTL
+    as long as their longest slot, so a key whose holders all died is gone by itself.
+
+    Args:
+        shared: the driver's connection and keys.
+    """
+
+    def __init__(self, shared: _Shared) -> None:
+        """Serve ``shared`` (the arguments are described in the class docstring)."""
+        self._s = shared
+
+    @staticmethod
+    def _check(req: LeaseRequest, *, limit: bool) -> None:
+        if (limit and req.limit < 1) or req.ttl_ms < 1:
+            raise DriverRequestInvalidError(
+                "a lease needs limit >= 1 and ttl_ms >= 1", limit=req.limit, ttl_ms=req.ttl_ms
+            )
+        _checked_ms(req.ttl_ms, "ttl_ms")
+
+    async def acquire(self, req: LeaseRequest) -> bool:
+        """Take a slot of ``req.key`` for ``req.holder`` until now plus ``req.ttl_ms``.
+
+        A holder that already holds a live slot has it renewed (always ``True``).
+
+        Returns:
+            ``True`` when held; ``False`` when ``req.limit`` other holders hold live slots.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for ``limit`` or ``ttl_ms``
+                below 1.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        self._check(req, limit=True)
+        keys = [*self._s.keys.lease(req.key), self._s.keys.seq]
+        return bool(await self._s.run("lease_acquire", keys, [req.holder, req.limit, req.ttl_ms]))
+
+    async def renew(self, req: LeaseRequest) -> bool:
+        """Extend ``req.holder``'s live slot of ``req.key`` to now plus ``req.ttl_ms``.
+
+        Returns:
+            ``True`` when renewed; ``False`` when it holds no live slot (expired or released).
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for ``ttl_ms`` below 1.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        self._check(req, limit=False)
+        keys = self._s.keys.lease(req.key)
+        return bool(await self._s.run("lease_renew", keys, [req.holder, req.ttl_ms]))
+
+    async def release(self, key: str, holder: str) -> None:
+        """Free ``holder``'s slot of ``key`` (nothing happens if it holds none).
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        await self._s.run("lease_release", self._s.keys.lease(key), [holder])
+
+    async def holders(self, key: str) -> list[str]:
+        """Answer the holders of ``key``'s live slots, in acquisition order.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        return list(await self._s.run("lease_holders", self._s.keys.lease(key), []))
+
+
+class RedisEventBus:
+    """The Redis driver's :class:`~jobs_core.driver.EventBus`; it wakes waiters.
+
+    A publish stores the event and, in the same script, makes every ``suspended`` run due now
+    whose ``waiting`` step for that name has a match the payload satisfies (top-level JSON
+    equality), found through an index of waiting steps by event name rather than a scan, and
+    publishes their queues on the wake channel. One clock: the server's ``TIME`` stamps publishes
+    and waits alike. Expired events never match and stay stored until :meth:`purge_expired`.
+
+    Attributes:
+        wakes_waiters: always ``True``.
+
+    Args:
+        shared: the driver's connection and keys.
+    """
+
+    wakes_waiters: bool = True
+
+    def __init__(self, shared: _Shared) -> None:
+        """Serve ``shared`` (the arguments are described in the class docstring)."""
+        self._s = shared
+
+    async def publish(self, req: PublishRequest) -> StoredEvent:
+        """Store an event, matchable until now plus ``req.ttl_ms``, and wake its waiting runs.
+
+        Returns:
+            The stored event (``published_at`` is the server's now).
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a payload that is not JSON
+                (or holds a NUL character) or a ``ttl_ms`` out of range.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        payload = encode(req.payload, "payload")
+        event_id = new_id()
+        published, expires = await self._s.run(
+            "event_publish",
+            [self._s.keys.seq],
+            [
+                self._s.keys.base,
+                str(event_id),
+                req.name,
+                payload,
+                opt(req.correlation_key),
+                _checked_ms(req.ttl_ms, "ttl_ms"),
+                canonical_fields(payload),
+            ],
+        )
+        return StoredEvent(
+            id=event_id,
+            name=req.name,
+            payload=json.loads(payload),
+            correlation_key=req.correlation_key,
+            published_at=from_us(published),
+            expires_at=from_us(expires),
+        )
+
+    async def find(self, query: EventQuery) -> StoredEvent | None:
+        """Answer the earliest unexpired event matching ``query``, or ``None``.
+
+        Earliest is by ``published_at``, then publish order. An event matches when it has the
+        name, was published at or after ``query.since``, carries ``query.correlation_key`` when one
+        is given, and its payload has every ``query.match`` key with an equal JSON value.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a naive ``since`` or a
+                match that is not JSON.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        match = "" if query.match is None else canonical_fields(encode(dict(query.match), "match"))
+        found = await self._s.run(
+            "event_find",
+            [self._s.keys.events(query.name)],
+            [
+                self._s.keys.base,
+                to_us(query.since, "since"),
+                opt(query.correlation_key),
+                match,
+            ],
+        )
+        if not found:
+            return None
+        event_id, payload, correlation, published, expires = found
+        return StoredEvent(
+            id=UUID(event_id),
+            name=query.name,
+            payload=json.loads(payload),
+            correlation_key=unopt(correlation),
+            published_at=from_us(published),
+            expires_at=from_us(expires),
+        )
+
+    async def now(self) -> datetime:
+        """Answer the server's current instant (UTC): the bus's one clock.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        return await self._s.now()
+
+    async def purge_expired(self) -> int:
+        """Delete every event whose expiry has passed; answer how many.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        keys = self._s.keys
+        return int(await self._s.run("event_purge", [keys.events_by_expiry], [keys.base]))
+
+    async def reset(self) -> int:
+        """Delete every event, expired or not (waiting steps are untouched); answer how many.
+
+        The ``ResettableEventBus`` test seam behind ``jobs_core.events.reset_event_bus``.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        keys = self._s.keys
+        return int(await self._s.run("event_reset", [keys.events_by_expiry], [keys.base]))
+
+
+class RedisWakeSource:
+    """The Redis driver's :class:`~jobs_core.driver.WakeSource`: pub/sub on ``{prefix}:wake``.
+
+    Enqueues of due rows, nacks due now, publishes that wake a waiting run and resumes publish the
+    queue's name. Each subscription holds one pub/sub connection in a task of the subscriber's
+    loop and keeps it alive forever (FIELD-FAILURES C12): a lost connection is dialled again with
+    a back-off of 50 ms doubling to 2 s, and a silent one is caught by a ``PING`` every
+    ``ping_s`` seconds that must be answered within another ``ping_s``. After a reconnect every
+    known queue is announced once, so work that arrived during the gap is picked up at once.
+    ``jobs.wake.lost`` (warning) and ``jobs.wake.live`` (info) are logged on the transitions, and
+    :attr:`healthy` says whether every subscription is listening now.
+
+    Args:
+        shared: the driver's connection and keys.
+        ping_s: seconds of silence before a ``PING`` proves the connection.
+    """
+
+    def __init__(self, shared: _Shared, ping_s: float = 5.0) -> None:
+        """Serve ``shared`` (the arguments are described in the class docstring)."""
+        self._s = shared
+        self._ping_s = ping_s
+        self._listening: dict[asyncio.Task[None], bool] = {}
+
+    @property
+    def healthy(self) -> bool:
+        """Whether every subscription is subscribed now (``True`` with none)."""
+        return all(self._listening.values())
+
+    async def subscribe(self, callback: Callable[[str], None]) -> Callable[[], Awaitable[None]]:
+        """Call ``callback(queue)`` on the calling task's loop whenever work may be due.
+
+        Returns once the first ``SUBSCRIBE`` is confirmed, so work enqueued after this call is
+        heard; or after the first attempt failed (the server is down), so a worker starting
+        during an outage starts at once and polls while the subscription keeps dialling in the
+        background.
+
+        Returns:
+            An async function that ends the subscription (safe to call twice, and after close).
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`RedisDriver.close`.
+        """
+        self._s.conn.client()
+        first = asyncio.Event()
+        task = asyncio.get_running_loop().create_task(self._listen(callback, first))
+        self._listening[task] = False
+        await first.wait()
+
+        async def unsubscribe() -> None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self._listening.pop(task, None)
+
+        return unsubscribe
+
+    def cancel_all(self) -> None:
+        """Stop every subscription (on close); each task ends on its own loop."""
+        for task in list(self._listening):
+            task.get_loop().call_soon_threadsafe(task.cancel)
+        self._listening.clear()
+
+    async def _listen(self, callback: Callable[[str], None], first: asyncio.Event) -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        loop = asyncio.get_running_loop()
+        backoff = 0.05
+        gap = False
+        while True:
+            client = self._s.conn.client()
+            pubsub = client.pubsub()
+            try:
+                await pubsub.subscribe(self._s.keys.wake)
+                if gap:
+                    # Wakes published while we were away are lost: announce every queue once.
+                    for queue in sorted(await client.smembers(self._s.keys.queues)):
+                        callback(str(queue))
+                    _log.info("jobs.wake.live", extra={"event": "jobs.wake.live"})
+                self._listening[me] = True
+                first.set()
+                gap, backoff = False, 0.05
+                heard = loop.time()
+                while True:
+                    message = await pubsub.get_message(timeout=self._ping_s)
+                    if message is not None:
+                        heard = loop.time()
+                        if message["type"] == "message":
+                            callback(str(message["data"]))
+                    elif loop.time() - heard >= 2 * self._ping_s:
+                        raise TimeoutError("the wake connection answered no PING")
+                    else:
+                        await pubsub.ping()
+            except UNAVAILABLE as exc:
+                if not gap:
+                    _log.warning(
+                        "jobs.wake.lost",
+                        extra={"event": "jobs.wake.lost", "error": f"{type(exc).__name__}: {exc}"},
+                    )
+                self._listening[me] = False
+                gap = True
+                first.set()
+            finally:
+                with contextlib.suppress(*UNAVAILABLE):
+                    await pubsub.aclose()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+
+def _job_info(row: dict[str, str], steps: list[StepRecord]) -> JobInfo:
+    """Decode a row hash (and its steps) as the operator surface shows it."""
+    return JobInfo(
+        id=UUID(row["id"]),
+        run_id=UUID(row["run"]),
+        name=row["name"],
+        queue=row["queue"],
+        state=JobState(row["state"]),
+        attempt=int(row["att"]),
+        max_attempts=int(row["max"]),
+        claim=int(row["claim"]),
+        tenant_id=unopt(row["tenant"]),
+        idempotency_key=row["key"],
+        input=json.loads(row["input"]),
+        run_at=from_us(row["run_at"]),
+        created_at=from_us(row["created"]),
+        updated_at=from_us(row["updated"]),
+        claimed_by=unopt(row["by"]),
+        last_error=unopt(row["err"]),
+        last_error_code=unopt(row["errc"]),
+        last_error_stack=unopt(row["errs"]),
+        result=json.loads(row["result"]),
+        enqueued_by=unopt(row["eb"]),
+        traceparent=unopt(row["tp"]),
+        steps=tuple(steps),
+    )
+
+
+class RedisOperator:
+    """The part of the operator surface a Redis design holds cheaply (not ``introspect``).
+
+    Carried: :meth:`get`, :meth:`cancel`, :meth:`resolve_step`, :meth:`pause_queue`,
+    :meth:`resume_queue`, :meth:`paused_queues`, each with the memory driver's semantics. Not
+    carried: ``list``, ``requeue``, ``remove``, ``promote`` and the bulk calls. Core reaches
+    operator calls only through the ``introspect`` capability, so ``jobs ls``/``jobs retry`` and
+    friends answer ``X_NOT_IMPLEMENTED`` on this driver; call these members directly.
+
+    Args:
+        shared: the driver's connection and keys.
+    """
+
+    def __init__(self, shared: _Shared) -> None:
+        """Serve ``shared`` (the arguments are described in the class docstring)."""
+        self._s = shared
+
+    async def _read(self, job_id: UUID) -> tuple[dict[str, str], dict[str, str]] | None:
+        found = await self._s.run("get", [self._s.keys.job(job_id)], [self._s.keys.base])
+        if not found:
+            return None
+        return _pairs(found[0]), _pairs(found[1])
+
+    async def get(self, job_id: UUID) -> JobInfo | None:
+        """Answer one job with its step trace (in ``seq`` order), or ``None`` for an unknown id.
+
+        ``state`` is the stored state (a ``delayed`` row whose ``run_at`` passed shows
+        ``delayed`` until claimed); ``attempt`` is the attempts spent so far. A ``done`` row is
+        unknown once ``done_ttl`` passed.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        found = await self._read(job_id)
+        if found is None:
+            return None
+        row, steps = found
+        return _job_info(row, _steps(steps))
+
+    async def cancel(self, job_id: UUID, reason: str) -> JobInfo:
+        """Cancel a live job: it is ``cancelled`` now and frees its idempotency key.
+
+        A running row's next ack, nack, heartbeat or step write answers ``False``, so the worker
+        fires the body's cancel signal. ``last_error`` becomes ``reason`` and
+        ``last_error_code`` ``X_JOB_CANCELLED``.
+
+        Returns:
+            The cancelled job, with its steps.
+
+        Raises:
+            JobNotFoundError: ``X_JOB_NOT_FOUND``.
+            JobNotCancellableError: ``X_JOB_NOT_CANCELLABLE`` for a finished row.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        answer = await self._s.run(
+            "cancel",
+            [self._s.keys.job(job_id)],
+            [self._s.keys.base, opt(reason), opt(JobCancelledError.code)],
+        )
+        if answer == "missing":
+            raise JobNotFoundError(f"no job has id {job_id}", job_id=str(job_id))
+        if answer != "ok":
+            raise JobNotCancellableError(
+                f"job {job_id} already finished ({answer})", job_id=str(job_id), state=answer
+            )
+        info = await self.get(job_id)
+        if info is None:
+            raise JobNotFoundError(f"no job has id {job_id}", job_id=str(job_id))
+        return info
+
+    async def resolve_step(self, job_id: UUID, step: str, resolution: StepResolution) -> None:
+        """Settle a ``once`` step left ``started``: ``ran`` completes it, else it is deleted.
+
+        A completed step gets ``resolution.output`` and ``completed_at`` the server's now; a
+        deleted step leaves the other steps' ``seq`` unchanged, so the next attempt runs it again.
+        The write is a compare-and-set on the record read, so a concurrent change is refused.
+
+        Raises:
+            JobNotFoundError: ``X_JOB_NOT_FOUND``.
+            StepNotResolvableError: ``X_STEP_NOT_RESOLVABLE`` unless the step is a ``once`` step
+                in ``started``.
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an output that is not
+                JSON.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        output = encode(resolution.output, "step output")
+        found = await self._read(job_id)
+        if found is None:
+            raise JobNotFoundError(f"no job has id {job_id}", job_id=str(job_id))
+        steps = found[1]
+        seen = steps.get("r:" + step)
+        status = steps.get("k:" + step)
+        if seen is None or status != "started!":
+            raise StepNotResolvableError(
+                f"step {step!r} of job {job_id} is not a once step left started",
+                job_id=str(job_id),
+                step=step,
+                status=None if status is None else status.rstrip("!"),
+            )
+        text = ""
+        if resolution.ran:
+            old = _record(step, seen, 0)
+            done = replace(old, status="completed", completed_at=await self._s.now())
+            text = _record_text(done, output, None if old.match is None else json.dumps(old.match))
+        answer = await self._s.run(
+            "resolve_step", [self._s.keys.job(job_id)], [self._s.keys.base, step, seen, text]
+        )
+        if answer == "missing":
+            raise JobNotFoundError(f"no job has id {job_id}", job_id=str(job_id))
+        if answer != "ok":
+            raise StepNotResolvableError(
+                f"step {step!r} of job {job_id} changed while it was being resolved",
+                job_id=str(job_id),
+                step=step,
+            )
+
+    async def pause_queue(self, queue: str) -> None:
+        """Stop every claim from ``queue`` from its next call on; enqueues still land.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        await self._s.run("pause", [self._s.keys.paused], [queue])
+
+    async def resume_queue(self, queue: str) -> None:
+        """Let claims take rows from ``queue`` again, and wake subscribers for it.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        await self._s.run("resume", [self._s.keys.paused], [queue, self._s.keys.wake])
+
+    async def paused_queues(self) -> list[str]:
+        """Answer the paused queues, sorted.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        client = self._s.conn.client()
+        try:
+            members = await client.smembers(self._s.keys.paused)
+        except UNAVAILABLE as exc:
+            raise self._s.conn.unavailable(exc) from exc
+        return sorted(str(m) for m in members)
+
+
+def _check_prefix(prefix: str) -> str:
+    if not prefix or "{" in prefix or "}" in prefix:
+        raise DriverRequestInvalidError(
+            f"prefix must be non-empty text without braces (it becomes the hash tag), not {prefix!r}",
+            prefix=prefix,
+        )
+    return prefix
+
+
+def _check_url(url: str) -> str:
+    if urlsplit(url).scheme not in ("redis", "rediss"):
+        raise DriverRequestInvalidError(
+            f"the redis driver takes a redis:// or rediss:// URL, not {url!r}", url=url
+        )
+    return url
+
+
+class RedisDriver:
+    """The Redis :class:`~jobs_core.driver.JobDriver` (redis-py asyncio, Redis 7+).
+
+    Attributes:
+        name: ``"redis"``.
+        capabilities: ``leases``, ``events`` and ``wake`` (see :meth:`describe` for the rest).
+        steps: the step store (:class:`RedisStepStore`).
+        leases: fleet concurrency slots (:class:`RedisLeaseStore`).
+        events: the stored event bus (:class:`RedisEventBus`, which wakes waiters).
+        wake: the pub/sub wake source (:class:`RedisWakeSource`).
+        operator: the operator calls carried without ``introspect`` (:class:`RedisOperator`).
+        done_ttl_ms: how long a ``done`` row and its steps are kept (0: forever).
+
+    Args:
+        url: ``redis://[:password@]host[:port][/db]`` or ``rediss://…`` (TLS).
+        prefix: every key lives under the hash tag ``{prefix}`` (so one prefix is one Cluster
+            slot); two drivers with different prefixes share nothing.
+        done_ttl: how long ``done`` rows and their steps are kept (``"7d"``; ``0`` keeps them).
+            ``dead``, ``failed`` and ``cancelled`` rows are always kept.
+        connect_timeout: the longest a dial may take before the call is refused (``"500ms"``).
+        command_timeout: the longest one command may wait for its reply (``"5s"``).
+
+    Raises:
+        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for another URL scheme, a prefix
+            with braces, or a bad duration.
+
+    Nothing is dialled until the first call. Every call made while the server cannot be reached
+    raises ``DriverUnavailableError`` (``X_DRIVER_UNAVAILABLE``) at once; the next call dials
+    again. A server's own error reply (``redis.exceptions.ResponseError``) passes through.
+    """
+
+    name: str = "redis"
+    capabilities: frozenset[str] = CARRIED
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "jobs",
+        done_ttl: Duration = "7d",
+        connect_timeout: Duration = "500ms",
+        command_timeout: Duration = "5s",
+    ) -> None:
+        """Keep the settings (the arguments are described in the class docstring)."""
+        try:
+            self.done_ttl_ms = parse_duration(done_ttl, field="done_ttl", allow_zero=True)
+            connect_s = parse_duration(connect_timeout, field="connect_timeout") / 1000
+            command_s = parse_duration(command_timeout, field="command_timeout") / 1000
+        except ValueError as exc:
+            raise DriverRequestInvalidError(str(exc)) from None
+        self.prefix = _check_prefix(prefix)
+        self._conn = Connection(_check_url(url), connect_s, command_s)
+        self._keys = _Keys(self.prefix)
+        self._s = _Shared(self._conn, self._keys)
+        # Typed as the protocol: JobDriver.steps is a settable member, so mypy wants it exact.
+        self.steps: StepStore = RedisStepStore(self._s)
+        self.leases = RedisLeaseStore(self._s)
+        self.events = RedisEventBus(self._s)
+        self.wake = RedisWakeSource(self._s)
+        self.operator = RedisOperator(self._s)
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        prefix: str = "jobs",
+        done_ttl: Duration = "7d",
+        connect_timeout: Duration = "500ms",
+        command_timeout: Duration = "5s",
+    ) -> Self:
+        """Open a driver and load every script now, proving the server answers.
+
+        Args:
+            url: as for :class:`RedisDriver`.
+            prefix: as for :class:`RedisDriver`.
+            done_ttl: as for :class:`RedisDriver`.
+            connect_timeout: as for :class:`RedisDriver`.
+            command_timeout: as for :class:`RedisDriver`.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a bad option.
+        """
+        driver = cls(
+            url,
+            prefix=prefix,
+            done_ttl=done_ttl,
+            connect_timeout=connect_timeout,
+            command_timeout=command_timeout,
+        )
+        await driver._conn.load_all(list(SCRIPTS.values()))
+        return driver
+
+    async def enqueue(self, req: EnqueueRequest) -> EnqueueResult:
+        """Queue one row (the one-element case of :meth:`enqueue_many`).
+
+        Returns:
+            The row's ids; ``deduped`` when ``req.id`` names an existing row (live or finished,
+            a ``done`` one only within ``done_ttl``) or a live row holds the key.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` as :meth:`enqueue_many`.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` at once when the server cannot be
+                reached; nothing was queued, and the same request (same id) is safe to repeat.
+        """
+        return (await self.enqueue_many([req]))[0]
+
+    async def enqueue_many(self, reqs: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        """Queue many rows in order, all or none, in one round trip.
+
+        A request whose ``id`` names an existing row answers that row with ``deduped=True``; else
+        one whose key a live row holds (an earlier request of this batch included) answers that
+        row with ``deduped=True``; else a row is inserted with ``run_at`` = ``req.run_at`` or the
+        server's now plus ``req.delay_ms`` (a negative delay counts as 0; a past instant is stored
+        as now). Rows go in chunks of 1,000, one script call each, inside one ``MULTI``/``EXEC``.
+
+        Returns:
+            One result per request, in input order.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID``, inserting nothing, when a
+                request has an empty name, queue or idempotency key, ``max_attempts`` below 1, a
+                naive ``run_at``, a delay out of range, or an input that is not JSON (or holds a
+                NUL character).
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` at once when the server cannot be
+                reached; nothing was queued.
+        """
+        rows = [self._row_args(req) for req in reqs]
+        if not rows:
+            return []
+        calls: list[tuple[Sequence[str], Sequence[Any]]] = [
+            (
+                [self._keys.seq],
+                [self._keys.base, len(chunk), *(v for row in chunk for v in row)],
+            )
+            for chunk in (rows[i : i + ENQUEUE_CHUNK] for i in range(0, len(rows), ENQUEUE_CHUNK))
+        ]
+        script = SCRIPTS["enqueue"]
+        replies = (
+            [await self._conn.run(script, *calls[0])]
+            if len(calls) == 1
+            else await self._conn.run_all(script, calls)
+        )
+        flat = [v for reply in replies for v in reply]
+        return [
+            EnqueueResult(UUID(flat[i]), UUID(flat[i + 1]), deduped=bool(int(flat[i + 2])))
+            for i in range(0, len(flat), 3)
+        ]
+
+    @staticmethod
+    def _row_args(req: EnqueueRequest) -> list[Any]:
+        """Validate one request as the memory driver does; answer its 13 script values."""
+        empty = [
+            what
+            for what, value in (
+                ("name", req.name),
+                ("queue", req.queue),
+                ("idempotency_key", req.idempotency_key),
+            )
+            if not value
+        ]
+        if empty:
+            raise DriverRequestInvalidError(
+                f"an enqueue needs a non-empty {', '.join(empty)}", fields=empty, job=req.name
+            )
+        if req.max_attempts < 1:
+            raise DriverRequestInvalidError(
+                f"max_attempts must be >= 1, got {req.max_attempts}", job=req.name
+            )
+        text = encode(req.input, "input")
+        run_at = "" if req.run_at is None else to_us(req.run_at, "run_at")
+        delay = _checked_ms(max(req.delay_ms, 0), "delay_ms") if req.run_at is None else 0
+        return [
+            str(req.id),
+            str(req.run_id),
+            req.name,
+            req.queue,
+            text,
+            req.idempotency_key,
+            opt(req.tenant_id),
+            req.max_attempts,
+            run_at,
+            delay,
+            opt(req.traceparent),
+            opt(req.enqueued_by),
+            live_field(req.name, req.tenant_id, req.idempotency_key),
+        ]
+
+    async def claim(self, req: ClaimRequest) -> list[ClaimedJob]:
+        """Lease up to ``req.limit`` claimable rows of ``req.queues`` to ``req.worker_id``.
+
+        Claimable: ``ready``/``delayed``/``suspended`` rows whose ``run_at`` passed and ``running``
+        rows whose lease lapsed (that attempt is counted; at most 1,000 lapsed rows per queue are
+        looked at per call), oldest ``(run_at, insertion)`` first across the queues, by the
+        server's clock; paused queues yield nothing. A lapsed row whose counted attempts reach
+        ``max_attempts`` is buried instead: ``dead`` with ``last_error``
+        ``LEASE_LAPSED_FINAL_ATTEMPT``, or ``failed`` if its name is in ``req.drop_exhausted``; it
+        frees its key and is reported to ``req.on_exhausted``. Each handed-out row is ``running``
+        until the server's now plus ``req.visibility_timeout_ms``, its ``claim`` one higher.
+
+        Returns:
+            The claimed rows; ``attempt`` is the spent attempts plus one.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty queue list, a
+                limit below 1, or a visibility timeout out of range.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` at once when the server cannot be
+                reached; nothing was claimed.
+        """
+        if not req.queues or req.limit < 1:
+            raise DriverRequestInvalidError(
+                "a claim needs at least one queue and a limit >= 1",
+                queues=list(req.queues),
+                limit=req.limit,
+            )
+        queues = list(dict.fromkeys(req.queues))
+        drop = sorted(req.drop_exhausted)
+        claimed, buried = await self._s.run(
+            "claim",
+            [self._keys.seq],
+            [
+                self._keys.base,
+                req.limit,
+                _checked_ms(req.visibility_timeout_ms, "visibility_timeout_ms"),
+                req.worker_id,
+                len(queues),
+                *queues,
+                len(drop),
+                *drop,
+            ],
+        )
+        jobs = [
+            ClaimedJob(
+                id=UUID(v[0]),
+                run_id=UUID(v[1]),
+                name=v[2],
+                queue=v[3],
+                input=json.loads(v[4]),
+                attempt=int(v[5]) + 1,
+                max_attempts=int(v[6]),
+                claim=int(v[7]),
+                worker_id=req.worker_id,
+                tenant_id=unopt(v[8]),
+                idempotency_key=v[9],
+                traceparent=unopt(v[10]),
+                enqueued_by=unopt(v[11]),
+                created_at=from_us(v[12]),
+            )
+            for v in (claimed[i : i + 13] for i in range(0, len(claimed), 13))
+        ]
+        if req.on_exhausted is not None:
+            for i in range(0, len(buried), 4):
+                job_id, name, queue, state = buried[i : i + 4]
+                req.on_exhausted(BuriedJob(UUID(job_id), name, queue, JobState(state)))
+        return jobs
+
+    def _fence(self, fence: Fence) -> list[Any]:
+        return [self._keys.base, fence.worker_id, str(fence.claim)]
+
+    async def ack(self, job_id: UUID, by: Settle) -> bool:
+        """Settle a row ``done`` with ``by.result``; fenced on ``running`` and ``by.fence``.
+
+        The attempt is counted and the row's idempotency key freed. With ``done_ttl`` the row and
+        its steps expire that long after the ack.
+
+        Returns:
+            ``True`` when settled; ``False``, changing nothing, when someone else owns the row.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a result that is not JSON.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        result = encode(by.result, "result")
+        args = [*self._fence(by.fence), result, self.done_ttl_ms]
+        return bool(await self._s.run("ack", [self._keys.job(job_id)], args))
+
+    async def nack(self, job_id: UUID, opts: NackOptions) -> bool:
+        """Settle a row in ``nack_state(opts)``; fenced like :meth:`ack`.
+
+        The attempt is counted when ``opts.count_attempt``, except for a park (``suspended``),
+        which never counts. ``opts.error``, when given, becomes the row's last error. A
+        ``ready``/``delayed``/``suspended`` row is due at the server's now plus ``opts.delay_ms``
+        (its queue is published on the wake channel when that is now); ``dead``/``failed`` frees
+        its key and is kept whatever ``done_ttl`` says.
+
+        Returns:
+            ``True`` when settled; ``False``, changing nothing, when someone else owns the row.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a delay out of range.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        target = nack_state(opts)
+        delay = _checked_ms(max(opts.delay_ms, 0), "delay_ms") if target in _QUEUED_STATES else 0
+        error = opts.error
+        args = [
+            *self._fence(opts.fence),
+            target.value,
+            "1" if opts.count_attempt else "0",
+            delay,
+            "0" if error is None else "1",
+            "" if error is None else opt(error.message),
+            "" if error is None else opt(error.code),
+            "" if error is None else opt(error.stack),
+        ]
+        return bool(await self._s.run("nack", [self._keys.job(job_id)], args))
+
+    async def heartbeat(self, job_id: UUID, fence: Fence, visibility_timeout_ms: int) -> bool:
+        """Renew a running row's lease to the server's now plus ``visibility_timeout_ms``.
+
+        Fenced like :meth:`ack`; a lease that lapsed but was not re-claimed yet is renewed too.
+
+        Returns:
+            ``True`` when renewed; ``False`` when the row was cancelled, settled or re-claimed,
+            and the worker should fire the body's cancel signal.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a timeout out of range.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        vt = _checked_ms(visibility_timeout_ms, "visibility_timeout_ms")
+        args = [*self._fence(fence), vt]
+        return bool(await self._s.run("heartbeat", [self._keys.job(job_id)], args))
+
+    async def stats(self) -> list[QueueStats]:
+        """Answer counts per queue that ever had a row, by effective state, sorted by queue.
+
+        ``ready``/``delayed`` rows count as ready once their ``run_at`` passed (server time),
+        else as delayed; ``oldest_ready_ms`` is now minus the earliest such ``run_at`` (0 if
+        none). Finished states count settles as they happen, so ``done`` keeps counting rows
+        ``done_ttl`` has expired.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        flat = await self._s.run("stats", [self._keys.queues], [self._keys.base])
+        out = []
+        for i in range(0, len(flat), 11):
+            v = flat[i : i + 11]
+            oldest = 0 if v[9] == "" else max(0, (int(v[10]) - int(v[9])) // 1000)
+            out.append(QueueStats(v[0], *(int(n) for n in v[1:9]), oldest_ready_ms=oldest))
+        return sorted(out, key=lambda s: s.queue)
+
+    async def demand(self) -> dict[str, int]:
+        """Answer, per queue that ever had a row, running rows under a live lease plus rows due.
+
+        Due rows are ``ready``/``delayed``/``suspended`` rows whose ``run_at`` passed and
+        ``running`` rows whose lease lapsed; a paused queue counts only its live-lease rows.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        flat = await self._s.run("demand", [self._keys.queues], [self._keys.base])
+        return {flat[i]: int(flat[i + 1]) for i in sorted(range(0, len(flat), 2), key=flat.__getitem__)}
+
+    def describe(self) -> dict[str, Any]:
+        """Answer what this driver is and carries, for ``jobs manifest`` and operators.
+
+        Returns:
+            ``name``, ``capabilities`` and ``not_applicable`` (sorted, as every driver), plus
+            ``url`` (password hidden), ``prefix``, ``done_ttl_ms``, ``operator`` (the members
+            :attr:`operator` carries) and ``not_carried`` (each missing capability and why).
+        """
+        return {
+            "name": self.name,
+            "capabilities": sorted(self.capabilities),
+            "not_applicable": sorted(set(CAPABILITIES) - self.capabilities),
+            "url": self._conn.safe_url(),
+            "prefix": self.prefix,
+            "done_ttl_ms": self.done_ttl_ms,
+            "operator": list(OPERATOR_MEMBERS),
+            "not_carried": dict(sorted(_NOT_CARRIED.items())),
+        }
+
+    async def close(self) -> None:
+        """Close the driver: later calls raise ``X_DRIVER_UNAVAILABLE``; closing twice is fine.
+
+        Wake subscriptions end. The rows stay on the server.
+        """
+        self.wake.cancel_all()
+        await self._conn.close()
+
+
+_OPTIONS = ("prefix", "done_ttl", "connect_timeout", "command_timeout")
+
+
+def open_redis_driver(url: str, **options: Any) -> RedisDriver:
+    """Open a Redis driver (the ``jobs.drivers`` entry point for ``redis`` and ``rediss``).
+
+    Nothing is dialled here (the call is synchronous); the first operation connects, and scripts
+    load on first use. The driver's options may ride in the URL's query, so a command line that
+    takes only ``--driver URL`` can set them:
+    ``redis://127.0.0.1:6379/0?prefix=shop&done_ttl=1d``. Other query parameters go to redis-py.
+
+    Args:
+        url: ``redis://…`` or ``rediss://…``.
+        **options: ``prefix``, ``done_ttl``, ``connect_timeout``, ``command_timeout`` (see
+            :class:`RedisDriver`) and nothing else.
+
+    Raises:
+        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for another URL scheme, an unknown
+            option, one given both in the URL and as a keyword, or a bad value.
+    """
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise DriverRequestInvalidError(
+            f"the redis driver takes {', '.join(_OPTIONS)}, not {', '.join(unknown)}",
+            options=unknown,
+        )
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    in_url = {key: value for key, value in query if key in _OPTIONS}
+    twice = sorted(set(in_url) & set(options))
+    if twice:
+        raise DriverRequestInvalidError(
+            f"{', '.join(twice)} given both in the URL and as a keyword", options=twice
+        )
+    rest = urlencode([(key, value) for key, value in query if key not in _OPTIONS])
+    return RedisDriver(urlunsplit(parts._replace(query=rest)), **in_url, **options)

@@ -1,0 +1,30 @@
+-- cancel.lua: stop a live row: it is "cancelled" now and frees its live key.
+--
+-- KEYS[1]  <base>j:<id>  the row
+-- ARGV[1]  base          "{<prefix>}:"; keys built from it (same hash tag): <base>live,
+--                        <base>q:<queue>:{r,s,l,f}
+-- ARGV[2]  reason        stored as the last error ("=" and the text)
+-- ARGV[3]  code          stored as the last error code ("=" and the code)
+-- Reply:   "ok"; "missing" when no row has the id; else the finished row's state.
+--
+-- A running row's next heartbeat, settle or step write fails its fence, so the worker fires the
+-- body's cancel signal.
+
+local jk = KEYS[1]
+local base = ARGV[1]
+local row = redis.call('HMGET', jk, 'state', 'queue', 'm', 'lk', 'id')
+local state = row[1]
+if not state then return 'missing' end
+local src = ({ ready = 'r', delayed = 'r', suspended = 's', running = 'l' })[state]
+if not src then return state end
+local t = redis.call('TIME')
+local now_s = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+local qk = base .. 'q:' .. row[2]
+redis.call('ZREM', qk .. ':' .. src, row[3])
+redis.call('HSET', jk, 'state', 'cancelled', 'updated', now_s, 'err', ARGV[2], 'errc', ARGV[3],
+  'errs', '')
+redis.call('HINCRBY', qk .. ':f', 'cancelled', 1)
+if redis.call('HGET', base .. 'live', row[4]) == row[5] then
+  redis.call('HDEL', base .. 'live', row[4])
+end
+return 'ok'

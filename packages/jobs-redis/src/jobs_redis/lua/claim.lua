@@ -1,0 +1,99 @@
+-- claim.lua: lease due rows of some queues to one worker; bury lapsed rows on their last attempt.
+--
+-- KEYS[1]  <base>seq     routes the call (every key shares its hash tag)
+-- ARGV[1]  base          "{<prefix>}:"; keys built from it: <base>paused, <base>live,
+--                        <base>j:<id> (row), <base>q:<queue>:r (ready/delayed by run_at),
+--                        <base>q:<queue>:s (suspended by run_at), <base>q:<queue>:l (running by
+--                        lease expiry), <base>q:<queue>:f (finished counts)
+-- ARGV[2]  limit         the most rows to hand out (>= 1)
+-- ARGV[3]  vt_ms         the lease each claimed row gets, in milliseconds
+-- ARGV[4]  worker        the claimant's incarnation id
+-- ARGV[5]  nq            how many queue names follow (distinct)
+-- ARGV[6…] the queues, then nd, then nd job names whose buried rows settle "failed"
+-- Reply:   { claimed, buried }: claimed holds 13 values per row (id, run_id, name, queue, input,
+--          attempts spent, max_attempts, claim, tenant, key, traceparent, enqueued_by,
+--          created µs); buried holds 4 per row (id, name, queue, state).
+--
+-- Candidates are rows of unpaused queues whose run_at passed (ready, delayed, suspended) and
+-- running rows whose lease expiry passed (at most 1,000 of those per queue per call), taken
+-- oldest (run_at, sequence) first across the queues. A lapsed row's attempt is counted; when that
+-- spends its last one it is buried ("dead" with LEASE_LAPSED_FINAL_ATTEMPT, or "failed" for names
+-- in the drop list), frees its live key and does not count against the limit.
+
+local base = ARGV[1]
+local limit = tonumber(ARGV[2])
+local vt = tonumber(ARGV[3])
+local worker = ARGV[4]
+local nq = tonumber(ARGV[5])
+local nd = tonumber(ARGV[6 + nq])
+local drop = {}
+for i = 1, nd do drop[ARGV[6 + nq + i]] = true end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_s = string.format('%.0f', now)
+local until_s = string.format('%.0f', now + vt * 1000)
+
+local cands = {}
+for i = 1, nq do
+  local queue = ARGV[5 + i]
+  if redis.call('SISMEMBER', base .. 'paused', queue) == 0 then
+    local qk = base .. 'q:' .. queue
+    for _, src in ipairs({ 'r', 's' }) do
+      local got = redis.call('ZRANGEBYSCORE', qk .. ':' .. src, '-inf', now_s, 'WITHSCORES',
+        'LIMIT', 0, limit)
+      for j = 1, #got, 2 do
+        cands[#cands + 1] = { tonumber(got[j + 1]), got[j], queue, src }
+      end
+    end
+    local lapsed = redis.call('ZRANGEBYSCORE', qk .. ':l', '-inf', now_s, 'LIMIT', 0, 1000)
+    for _, m in ipairs(lapsed) do
+      local run_at = redis.call('HGET', base .. 'j:' .. string.sub(m, 18), 'run_at')
+      cands[#cands + 1] = { tonumber(run_at), m, queue, 'l' }
+    end
+  end
+end
+
+table.sort(cands, function(a, b)
+  if a[1] ~= b[1] then return a[1] < b[1] end
+  return a[2] < b[2]
+end)
+
+local claimed, buried, taken = {}, {}, 0
+for _, c in ipairs(cands) do
+  if taken >= limit then break end
+  local m, queue, src = c[2], c[3], c[4]
+  local id = string.sub(m, 18)
+  local jk = base .. 'j:' .. id
+  local qk = base .. 'q:' .. queue
+  local bury = false
+  if src == 'l' then
+    local att = redis.call('HINCRBY', jk, 'att', 1)
+    bury = att >= tonumber(redis.call('HGET', jk, 'max'))
+  end
+  redis.call('ZREM', qk .. ':' .. src, m)
+  if bury then
+    local name = redis.call('HGET', jk, 'name')
+    local state = 'dead'
+    if drop[name] then state = 'failed' end
+    redis.call('HSET', jk, 'state', state, 'updated', now_s,
+      'err', '=LEASE_LAPSED_FINAL_ATTEMPT', 'errc', '', 'errs', '')
+    redis.call('HINCRBY', qk .. ':f', state, 1)
+    local lk = redis.call('HGET', jk, 'lk')
+    if redis.call('HGET', base .. 'live', lk) == id then redis.call('HDEL', base .. 'live', lk) end
+    buried[#buried + 1] = id
+    buried[#buried + 1] = name
+    buried[#buried + 1] = queue
+    buried[#buried + 1] = state
+  else
+    local claim = redis.call('HINCRBY', jk, 'claim', 1)
+    redis.call('HSET', jk, 'state', 'running', 'by', '=' .. worker, 'vis', until_s,
+      'updated', now_s)
+    redis.call('ZADD', qk .. ':l', until_s, m)
+    local row = redis.call('HMGET', jk, 'id', 'run', 'name', 'queue', 'input', 'att', 'max',
+      'claim', 'tenant', 'key', 'tp', 'eb', 'created')
+    for _, v in ipairs(row) do claimed[#claimed + 1] = v end
+    taken = taken + 1
+  end
+end
+return { claimed, buried }

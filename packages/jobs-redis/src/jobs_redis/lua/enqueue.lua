@@ -1,0 +1,74 @@
+-- enqueue.lua: queue rows unless their id or live key is taken (enqueue and enqueue_many).
+--
+-- KEYS[1]  <base>seq     the row sequence counter; it routes the call (every key shares its tag)
+-- ARGV[1]  base          "{<prefix>}:"; every other key is built from it and so carries the same
+--                        hash tag: <base>j:<id> (row), <base>live (live keys -> id),
+--                        <base>queues (queue names), <base>q:<queue>:r (ready/delayed by run_at)
+-- ARGV[2]  n             how many rows follow
+-- ARGV[3…] 13 values per row: id, run_id, name, queue, input (JSON text), idempotency key,
+--          tenant (optional), max_attempts, run_at (µs since the epoch, "" for none), delay_ms,
+--          traceparent (optional), enqueued_by (optional), live-key field.
+--          An optional value is "" for None, else "=" followed by the text.
+-- Reply:   3 values per row, in input order: id, run_id, 1 when deduped else 0.
+--
+-- A request whose id names a row (live or finished) answers it; else one whose live key is held
+-- (by an earlier row of this call too) answers the holder; else a row is inserted. Its run_at is
+-- the request's (a past one is stored as the server's now) or now plus delay_ms; it is "delayed"
+-- when run_at is in the future, else "ready". Each queue that received a ready row is published
+-- once on <base>wake.
+
+local base = ARGV[1]
+local n = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_s = string.format('%.0f', now)
+local live = base .. 'live'
+local reply = {}
+local woken = {}
+
+for i = 0, n - 1 do
+  local o = 3 + i * 13
+  local id, run_id, name, queue = ARGV[o], ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
+  local lk = ARGV[o + 12]
+  local jk = base .. 'j:' .. id
+  local held = nil
+  if redis.call('EXISTS', jk) == 1 then
+    held = id
+  else
+    held = redis.call('HGET', live, lk)
+  end
+  if held then
+    reply[#reply + 1] = held
+    reply[#reply + 1] = redis.call('HGET', base .. 'j:' .. held, 'run')
+    reply[#reply + 1] = 1
+  else
+    local run_at
+    if ARGV[o + 8] ~= '' then
+      run_at = math.max(tonumber(ARGV[o + 8]), now)
+    else
+      run_at = now + math.max(tonumber(ARGV[o + 9]), 0) * 1000
+    end
+    local state = 'ready'
+    if run_at > now then state = 'delayed' end
+    local seq = redis.call('INCR', KEYS[1])
+    local m = string.format('%016d', seq) .. ':' .. id
+    redis.call('HSET', jk,
+      'id', id, 'run', run_id, 'name', name, 'queue', queue, 'input', ARGV[o + 4],
+      'key', ARGV[o + 5], 'tenant', ARGV[o + 6], 'max', ARGV[o + 7], 'att', 0, 'claim', 0,
+      'by', '', 'vis', '', 'run_at', string.format('%.0f', run_at), 'created', now_s,
+      'updated', now_s, 'err', '', 'errc', '', 'errs', '', 'result', 'null',
+      'tp', ARGV[o + 10], 'eb', ARGV[o + 11], 'state', state, 'm', m, 'lk', lk)
+    redis.call('HSET', live, lk, id)
+    redis.call('SADD', base .. 'queues', queue)
+    redis.call('ZADD', base .. 'q:' .. queue .. ':r', string.format('%.0f', run_at), m)
+    if state == 'ready' then woken[queue] = true end
+    reply[#reply + 1] = id
+    reply[#reply + 1] = run_id
+    reply[#reply + 1] = 0
+  end
+end
+
+for queue in pairs(woken) do
+  redis.call('PUBLISH', base .. 'wake', queue)
+end
+return reply

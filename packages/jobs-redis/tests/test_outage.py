@@ -1,0 +1,245 @@
+"""A Redis outage: refusal at once, and the same worker carrying on after it (C01, C12).
+
+Every test here runs its own throwaway ``redis-server`` on a free port and SIGKILLs it; the shared
+server at 6379 is never touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Throwaway
+from pydantic import BaseModel
+from redis_helpers import claim, eventually, request
+
+from jobs_core import JobRegistry, JobState, Retry, Worker, job
+from jobs_core.errors import DriverUnavailableError
+from jobs_core.types import ClaimRequest
+from jobs_redis import RedisDriver
+
+
+class Item(BaseModel):
+    key: str
+    hold_ms: int = 0
+
+
+def counting_job(registry: JobRegistry, ran: list[str]) -> Any:
+    @job(
+        input=Item,
+        idempotency_key=lambda i: i.key,
+        tenant="none",
+        name="outage.count",
+        retry=Retry(attempts=5, delay="50ms", max_delay="200ms"),
+        registry=registry,
+    )
+    async def count(item: Item, step: Any, ctx: Any) -> None:
+        await asyncio.sleep(item.hold_ms / 1000)
+        ran.append(item.key)
+
+    return count
+
+
+async def states(driver: RedisDriver, ids: list[Any]) -> list[JobState | None]:
+    found = [await driver.operator.get(i) for i in ids]
+    return [None if f is None else f.state for f in found]
+
+
+async def test_enqueue_and_claim_refuse_at_once_while_the_server_is_down(
+    throwaway: Throwaway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    driver = await RedisDriver.connect(throwaway.url, prefix="outage")
+    assert not (await driver.enqueue(request("before"))).deduped
+    throwaway.stop()
+
+    refused: list[float] = []
+    for attempt in range(5):
+        started = time.perf_counter()
+        with pytest.raises(DriverUnavailableError) as caught:
+            await driver.enqueue(request(f"down-{attempt}"))
+        refused.append(time.perf_counter() - started)
+        assert caught.value.code == "X_DRIVER_UNAVAILABLE"
+    started = time.perf_counter()
+    with pytest.raises(DriverUnavailableError):
+        await claim(driver)
+    claim_s = time.perf_counter() - started
+    assert max(refused) < 1.0 and claim_s < 1.0
+    with capsys.disabled():
+        print(
+            f"\nrefusal latency, server stopped: enqueue max {max(refused) * 1000:.1f} ms "
+            f"(median {sorted(refused)[2] * 1000:.1f} ms over 5), claim {claim_s * 1000:.1f} ms"
+        )
+
+    # The same driver object works again once the server is back: no restart, no reconnect call.
+    throwaway.start()
+    again = await driver.enqueue(request("after"))
+    assert not again.deduped
+    [job] = await claim(driver)
+    assert job.id == again.id  # a server without persistence lost the row from before
+    await driver.close()
+
+
+async def test_a_worker_starting_during_an_outage_starts_and_picks_up_later(
+    throwaway: Throwaway,
+) -> None:
+    throwaway.stop()
+    driver = RedisDriver(throwaway.url, prefix="late")
+    registry = JobRegistry()
+    ran: list[str] = []
+    count = counting_job(registry, ran)
+    worker = Worker(driver, registry=registry, poll_interval="20ms", idle_poll_max="200ms")
+    started = time.perf_counter()
+    running = asyncio.create_task(worker.run())
+    await asyncio.sleep(0.3)
+    assert not running.done()
+    assert time.perf_counter() - started < 2.0
+    assert not driver.wake.healthy
+    throwaway.start()
+    await eventually(lambda: _true(driver.wake.healthy), timeout=10)
+    from jobs_core import use_driver
+
+    with use_driver(driver):
+        await count.enqueue(Item(key="x"))
+    await eventually(lambda: _true(ran == ["x"]), timeout=10)
+    await worker.stop()
+    await running
+    await driver.close()
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_the_same_worker_claims_and_finishes_new_jobs_after_an_outage(
+    throwaway: Throwaway, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="jobs.redis")
+    driver = await RedisDriver.connect(throwaway.url, prefix="same")
+    registry = JobRegistry()
+    ran: list[str] = []
+    count = counting_job(registry, ran)
+    # A long idle poll: pickup after the outage must come from the re-established wake.
+    worker = Worker(driver, registry=registry, poll_interval="100ms", idle_poll_max="30s")
+    running = asyncio.create_task(worker.run())
+    from jobs_core import use_driver
+
+    with use_driver(driver):
+        await count.enqueue(Item(key="before"))
+        await eventually(lambda: _true(ran == ["before"]), timeout=10)
+
+        throwaway.stop()
+        await eventually(lambda: _true(not driver.wake.healthy), timeout=15)
+        with pytest.raises(DriverUnavailableError):
+            await count.enqueue(Item(key="refused"))
+        await asyncio.sleep(1.0)
+        throwaway.start()
+        await eventually(lambda: _true(driver.wake.healthy), timeout=10)
+        # The worker's idle back-off has grown to seconds by now; the wake brings it at once.
+        await asyncio.sleep(2.5)
+        enqueued_at = time.perf_counter()
+        results = [await count.enqueue(Item(key=f"after-{i}")) for i in range(10)]
+        await eventually(lambda: _true(len(ran) == 11), timeout=10)
+        pickup = time.perf_counter() - enqueued_at
+    assert sorted(ran[1:]) == sorted(f"after-{i}" for i in range(10))
+    assert await states(driver, [r.id for r in results]) == [JobState.DONE] * 10
+    assert pickup < 2.0, f"pickup after the outage took {pickup:.2f} s: the wake did not come back"
+    assert not running.done()
+    events = [r.getMessage() for r in caplog.records]
+    assert "jobs.wake.lost" in events and "jobs.wake.live" in events
+    await worker.stop()
+    await running
+    await driver.close()
+
+
+async def test_a_restart_with_aof_mid_run_loses_no_job(tmp_path: Path) -> None:
+    """SIGKILL a server with ``appendonly yes``/``appendfsync always`` under a running worker."""
+    server = Throwaway("--appendonly", "yes", "--appendfsync", "always", workdir=tmp_path)
+    server.start()
+    try:
+        driver = await RedisDriver.connect(server.url, prefix="aof")
+        registry = JobRegistry()
+        ran: list[str] = []
+        count = counting_job(registry, ran)
+        worker = Worker(
+            driver,
+            registry=registry,
+            concurrency=4,
+            visibility_timeout="1s",
+            poll_interval="20ms",
+            idle_poll_max="200ms",
+        )
+        from jobs_core import use_driver
+
+        with use_driver(driver):
+            results = await count.enqueue_many([Item(key=f"k{i}", hold_ms=20) for i in range(200)])
+        running = asyncio.create_task(worker.run())
+        await eventually(lambda: _true(len(ran) >= 40), timeout=20)
+        server.stop()
+        await asyncio.sleep(0.5)
+        server.start()
+        await eventually(
+            lambda: _stats_done(driver, 200), timeout=60
+        )
+        await worker.stop()
+        await running
+        assert not running.exception()
+        # Every job ran; one that ran twice was in flight when the server died (at least once).
+        assert set(ran) == {f"k{i}" for i in range(200)}
+        assert len(ran) - 200 <= 4 + 4  # at most the held rows plus the acks lost in flight
+        assert await states(driver, [r.id for r in results]) == [JobState.DONE] * 200
+        await driver.close()
+    finally:
+        if server.proc is not None:
+            server.stop()
+
+
+async def _stats_done(driver: RedisDriver, n: int) -> bool:
+    try:
+        stats = await driver.stats()
+    except DriverUnavailableError:
+        return False
+    return sum(s.done for s in stats) >= n and all(s.ready + s.running == 0 for s in stats)
+
+
+async def test_a_restart_without_persistence_mid_run_keeps_the_worker_alive(
+    throwaway: Throwaway,
+) -> None:
+    """What a non-persistent server loses: every row; the worker survives and runs new work."""
+    driver = await RedisDriver.connect(throwaway.url, prefix="volatile")
+    registry = JobRegistry()
+    ran: list[str] = []
+    count = counting_job(registry, ran)
+    worker = Worker(driver, registry=registry, poll_interval="20ms", idle_poll_max="200ms")
+    running = asyncio.create_task(worker.run())
+    from jobs_core import use_driver
+
+    with use_driver(driver):
+        await count.enqueue_many([Item(key=f"slow{i}", hold_ms=300) for i in range(4)])
+        await eventually(lambda: _true(worker.stats().in_flight > 0), timeout=10)
+        throwaway.stop()
+        throwaway.start()
+        # The held rows are gone with the data: their acks find nothing and are fenced out.
+        await eventually(lambda: _true(worker.stats().in_flight == 0), timeout=10)
+        result = await count.enqueue(Item(key="new"))
+        await eventually(lambda: _true("new" in ran), timeout=10)
+    assert await states(driver, [result.id]) == [JobState.DONE]
+    assert worker.stats().outcomes.get("lost", 0) + worker.stats().outcomes.get(
+        "crashed", 0
+    ) >= 1
+    await worker.stop()
+    await running
+    await driver.close()
+
+
+async def test_claim_request_is_refused_before_any_server_contact(throwaway: Throwaway) -> None:
+    throwaway.stop()
+    driver = RedisDriver(throwaway.url, prefix="x")
+    from jobs_core.errors import DriverRequestInvalidError
+
+    with pytest.raises(DriverRequestInvalidError):
+        await driver.claim(ClaimRequest([], 1, 1_000, "w"))
+    await driver.close()
