@@ -15,6 +15,7 @@ from bench.common import emit
 
 # name -> "module:function"; imported lazily so a peer's import never slows our figures.
 WORKLOADS = {
+    "ours-migrate": "bench.ours:migrate",
     "ours-enqueue-single": "bench.ours:enqueue_single",
     "ours-enqueue-many": "bench.ours:enqueue_many",
     "ours-fill": "bench.ours:fill_only",

@@ -72,6 +72,22 @@ def drop_database(name: str) -> None:
     pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def pg_commits(database: str) -> int:
+    """Answer the transactions ``database`` has committed (``pg_stat_database.xact_commit``).
+
+    Read it after the processes being measured exited: a backend flushes its counts on exit, so
+    nothing is left pending. Read-only transactions (a count poll) count too.
+    """
+    import psycopg
+
+    time.sleep(0.3)  # let exiting backends flush their statistics
+    with psycopg.connect(pg_url("postgres"), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (database,)
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def flush_redis(system: str) -> str:
     """Empty ``system``'s own db index; answer its URL."""
     import redis
@@ -233,6 +249,10 @@ class Background:
         return "\n".join(text.splitlines()[-lines:])
 
 
+POLLS = [0]
+"""How many probes :func:`poll_until` made (each one may be a committed read on the backend)."""
+
+
 def poll_until(
     probe: Callable[[], int], target: int, *, timeout: float, interval: float = 0.01
 ) -> float:
@@ -244,6 +264,7 @@ def poll_until(
     deadline = time.monotonic() + timeout
     last = -1
     while True:
+        POLLS[0] += 1
         last = probe()
         if last >= target:
             return time.time()

@@ -89,15 +89,17 @@ def _quiet() -> None:
 
 
 async def open_ours(url: str) -> JobDriver:
-    """Open our driver for ``url`` and make it ready (schema, connections) if it needs it."""
+    """Open our driver for ``url`` (its schema was applied by :func:`migrate`)."""
+    return open_driver(url)
+
+
+async def migrate(url: str) -> dict[str, Any]:
+    """Apply the driver's schema, if it has one (``await driver.migrate()``), and close it."""
     driver = open_driver(url)
-    for hook in ("migrate", "open", "connect"):
-        method = getattr(driver, hook, None)
-        if callable(method):
-            outcome = method()
-            if asyncio.iscoroutine(outcome):
-                await outcome
-    return driver
+    method = getattr(driver, "migrate", None)
+    applied = await method() if callable(method) else []
+    await driver.close()
+    return {"value": len(applied or [])}
 
 
 async def done_count(driver: JobDriver) -> int:

@@ -19,6 +19,8 @@ FIGURES = [
     ("durable", "3-step durable runs, one worker process (runs/s)"),
     ("step-overhead", "per-step overhead vs a no-op job (ms, lower is better)"),
     ("pickup", "pickup latency p50 / p95 / max (ms, lower is better)"),
+    ("commits-per-job", "pg commits per no-op job, worker side (lower is better)"),
+    ("commits-per-run", "pg commits per 3-step run, worker side (lower is better)"),
 ]
 OURS = ("memory", "pg", "redis")
 FLOORS = [
@@ -27,7 +29,7 @@ FLOORS = [
     ("redis-plain", "redis-py LPUSH + RPOP per job", "redis"),
     ("redis-pipelined", "redis-py LPUSH + RPOP, 1,000 pairs per pipeline", "redis"),
 ]
-LOWER_IS_BETTER = {"step-overhead", "pickup"}
+LOWER_IS_BETTER = {"step-overhead", "pickup", "commits-per-job", "commits-per-run"}
 
 
 def derive(results: Results) -> None:
@@ -42,6 +44,14 @@ def derive(results: Results) -> None:
         if d and p:
             entry = results.get("step-overhead", system)
             entry.runs = [{"value": (1 / d - 1 / p) / 3 * 1000, "unit": "ms"}]
+    for source, target in (("processing", "commits-per-job"), ("durable", "commits-per-run")):
+        for system in systems:
+            found = results.figures.get((source, system))
+            if found is None:
+                continue
+            commits = found.value("commits_per_job")
+            if commits is not None:
+                results.get(target, system).runs = [{"value": commits, "unit": "commits"}]
 
 
 def _fmt(results: Results, figure: str, system: str) -> str:
@@ -58,7 +68,7 @@ def _fmt(results: Results, figure: str, system: str) -> str:
     value = entry.value()
     if value is None:
         return ""
-    return f"{value:.2f}" if figure == "step-overhead" else f"{value:,.0f}"
+    return f"{value:.2f}" if figure in LOWER_IS_BETTER else f"{value:,.0f}"
 
 
 def _key(results: Results, figure: str, system: str) -> float | None:

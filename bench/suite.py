@@ -20,6 +20,7 @@ from bench.common import (
     flush_redis,
     fresh_database,
     median,
+    pg_commits,
     run_child,
 )
 
@@ -127,10 +128,13 @@ def ours_url(driver: str) -> str:
     if driver == "memory":
         return "memory://"
     if driver == "pg":
-        return fresh_database(OURS_DB)
-    if driver == "redis":
-        return flush_redis("ours")
-    raise ValueError(driver)
+        url = fresh_database(OURS_DB)
+    elif driver == "redis":
+        url = flush_redis("ours")
+    else:
+        raise ValueError(driver)
+    run_child("ours-migrate", {"url": url})
+    return url
 
 
 def ours_enqueue_single(driver: str, sizes: Sizes) -> dict[str, Any]:
@@ -151,10 +155,15 @@ def ours_drain(driver: str, which: str, n: int, concurrency: int) -> dict[str, A
     in_process = driver == "memory"
     if not in_process:
         run_child("ours-fill", {"url": url, "which": which, "n": n})
-    return run_child(
+    before = pg_commits(OURS_DB) if driver == "pg" else 0
+    result = run_child(
         "ours-drain",
         {"url": url, "which": which, "n": n, "concurrency": concurrency, "fill_here": in_process},
     )
+    if driver == "pg":
+        # The worker's own commits (its count polls included: a few dozen over the run).
+        result["commits_per_job"] = (pg_commits(OURS_DB) - before) / n
+    return result
 
 
 def ours_pickup(driver: str, sizes: Sizes, concurrency: int) -> dict[str, Any]:

@@ -30,9 +30,11 @@ from types import ModuleType
 from typing import Any
 
 from bench.common import (
+    POLLS,
     Background,
     mark_file,
     percentile,
+    pg_commits,
     poll_until,
     read_first_ns,
     run_child,
@@ -122,13 +124,17 @@ def processing(
     cwd: Path | None = None,
     extra: dict[str, Any] | None = None,
     gate: Callable[[], bool] | None = None,
+    pg_database: str | None = None,
 ) -> dict[str, Any]:
     """Queue ``n`` jobs with ``fill``, start the worker CLI, time until ``count() >= n``.
 
     With ``gate`` (a cheap backend probe, e.g. "the queue is empty"), ``count`` (which may scan)
-    is only called once the gate passes.
+    is only called once the gate passes. With ``pg_database`` the result also carries the
+    worker's commits per job (the orchestrator's count polls subtracted).
     """
     fill()
+    before = pg_commits(pg_database) if pg_database else 0
+    polls = POLLS[0]
     mark = mark_file()
     os.environ[MARK_ENV] = str(mark)
     try:
@@ -151,9 +157,12 @@ def processing(
         mark.unlink(missing_ok=True)
     if done != n:
         raise AssertionError(f"counted {done} completed jobs, expected {n}")
-    return {"value": n / (finished - first), "unit": unit, "n": n, "seconds": finished - first} | (
-        extra or {}
-    )
+    result = {"value": n / (finished - first), "unit": unit, "n": n, "seconds": finished - first}
+    if pg_database:
+        # The worker was terminated above, so its backends exited and flushed their counts.
+        own = pg_commits(pg_database) - before - (POLLS[0] - polls) - 1
+        result["commits_per_job"] = own / n
+    return result | (extra or {})
 
 
 def _alive(worker: Background) -> int:

@@ -147,6 +147,7 @@ def _drain(n: int, workflow: str, unit: str) -> dict[str, Any]:
         worker_argv=_worker_argv(),
         count=lambda: _count(workflow),
         n=n,
+        pg_database=DATABASE,
         unit=unit,
         extra={"concurrency": "unlimited"},
     )

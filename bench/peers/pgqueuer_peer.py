@@ -160,6 +160,7 @@ def _processing(sizes: Any) -> dict[str, Any]:
         worker_argv=_worker_argv(),
         count=lambda: _count("noop"),
         n=sizes.processing,
+        pg_database=DATABASE,
     )
 
 

@@ -117,6 +117,14 @@ class Target:
             return await self._factory(clock=self.clock)
         return await self._factory()
 
+    async def real_time(self) -> JobDriver:
+        """Open one more driver over the same backend on the real clock; close it with release.
+
+        Worker subprocesses cannot share a manual clock, so the driver watching them must not
+        run on one either (or the rows it enqueues would be due when the manual clock says).
+        """
+        return await self._factory()
+
     async def release(self, driver: JobDriver) -> None:
         """Close a driver from :meth:`another`, unless it is the shared :attr:`driver`."""
         if driver is not self.driver:

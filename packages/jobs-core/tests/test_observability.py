@@ -254,9 +254,13 @@ def test_two_metrics_objects_do_not_share_series() -> None:
         is None
     )
     second.attempt("q", "j", "deferred", 5.0)  # the body never ran: counted, not timed
+    assert (
+        second.registry.get_sample_value("job_duration_seconds_count", {"queue": "q", "job": "j"})
+        is None
+    )
     assert second.registry.get_sample_value(
-        "job_duration_seconds_count", {"queue": "q", "job": "j"}
-    ) in (None, 0.0)
+        "jobs_total", {"queue": "q", "outcome": "deferred"}
+    ) == (1.0)
 
 
 # --- tracing ---------------------------------------------------------------------------------
@@ -401,7 +405,7 @@ async def test_ctx_log_merges_the_body_extra_with_the_bound_ids(
 
 
 async def test_no_log_record_carries_the_payload(
-    driver: MemoryDriver, registry: JobRegistry, caplog: Any
+    driver: MemoryDriver, clock: ManualClock, registry: JobRegistry, caplog: Any
 ) -> None:
     marker = "payload-marker-7f3a"
 
@@ -411,7 +415,8 @@ async def test_no_log_record_carries_the_payload(
 
     with caplog.at_level(logging.DEBUG):
         queued = await secretive.enqueue(Item(key=marker))
-        await run_jobs(driver, registry=registry)
+        await run_jobs(driver, registry=registry, clock=clock)
+        assert (await introspect.get_job(driver, queued.id)).job.state is JobState.DEAD
         await introspect.requeue(driver, queued.id)
         await introspect.cancel(driver, queued.id)
         await introspect.remove(driver, queued.id)
@@ -422,4 +427,3 @@ async def test_no_log_record_carries_the_payload(
         assert marker not in record.getMessage()
         assert all(marker not in str(value) for value in vars(record).values())
     assert (await driver.introspect.get(queued.id)) is None
-    assert JobState.DEAD  # the run ended dead before the requeue (checked via events above)

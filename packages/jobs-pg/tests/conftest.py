@@ -20,9 +20,13 @@ import psycopg
 import pytest
 
 from jobs_core.clock import Clock
+from jobs_core.testing import ManualClock
 from jobs_pg import PostgresDriver
 
 pytest_plugins = ["jobs_conformance.plugin"]
+
+# Test modules import pg_helpers (a unique name: several packages' tests share one session).
+sys.path.insert(0, str(Path(__file__).parent))
 
 PG_URL = os.environ.get("JOBS_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 APPS = Path(__file__).parent / "apps"
@@ -88,6 +92,21 @@ def driver_factory(pg_url: str, migrated: str) -> Callable[..., Any]:
 @pytest.fixture
 async def driver(driver_factory: Callable[..., Any]) -> AsyncIterator[PostgresDriver]:
     opened: PostgresDriver = await driver_factory()
+    yield opened
+    await opened.close()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+async def timed(
+    driver_factory: Callable[..., Any], clock: ManualClock
+) -> AsyncIterator[PostgresDriver]:
+    """A driver deciding due and lapsed on a manual clock (tests move it)."""
+    opened: PostgresDriver = await driver_factory(clock=clock)
     yield opened
     await opened.close()
 

@@ -114,8 +114,17 @@ class Throwaway:
         assert binary is not None, "redis-server is not installed"
         where = ("--dir", str(self.workdir)) if self.workdir is not None else ()
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *where,
-             *self.extra],
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                *where,
+                *self.extra,
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

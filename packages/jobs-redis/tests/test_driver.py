@@ -8,27 +8,34 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from redis_helpers import claim, request
+from redis.exceptions import ResponseError
 
 from jobs_core.driver import (
     CAPABILITIES,
-    EventQuery,
-    LeaseRequest,
-    PublishRequest,
-    StepResolution,
     EventBus,
+    EventQuery,
     JobDriver,
+    LeaseRequest,
     LeaseStore,
+    PublishRequest,
     ResettableEventBus,
+    StepResolution,
     StepStore,
     WakeSource,
     open_driver,
 )
-from jobs_core.errors import DriverRequestInvalidError, DriverUnavailableError
+from jobs_core.errors import (
+    DriverRequestInvalidError,
+    DriverUnavailableError,
+    JobNotCancellableError,
+    JobNotFoundError,
+    StepNotResolvableError,
+)
 from jobs_core.ids import new_id
 from jobs_core.types import (
     LEASE_LAPSED_FINAL_ATTEMPT,
     BuriedJob,
+    ClaimRequest,
     EnqueueRequest,
     EnqueueResult,
     ErrorInfo,
@@ -41,6 +48,7 @@ from jobs_core.types import (
     StepWrite,
 )
 from jobs_redis import RedisDriver, open_redis_driver
+from redis_helpers import claim, request
 
 
 async def info(driver: RedisDriver, job_id: Any) -> JobInfo:
@@ -250,7 +258,7 @@ async def test_delayed_ready_and_past_run_at(driver: RedisDriver) -> None:
     later = await driver.enqueue(request("later", delay_ms=400))
     at = await driver.enqueue(request("at", run_at=now + timedelta(milliseconds=800)))
     past = await driver.enqueue(request("past", run_at=datetime(1960, 1, 1, tzinfo=UTC)))
-    negative = await driver.enqueue(request("neg", delay_ms=-10**12))
+    negative = await driver.enqueue(request("neg", delay_ms=-(10**12)))
     far = await driver.enqueue(request("far", run_at=datetime(9999, 1, 1, tzinfo=UTC)))
     assert (await info(driver, later.id)).state is JobState.DELAYED
     assert (await info(driver, far.id)).state is JobState.DELAYED
@@ -309,16 +317,22 @@ async def test_paused_queue_yields_nothing_until_resumed(driver: RedisDriver) ->
     assert len(await claim(driver)) == 2
 
 
-@pytest.mark.parametrize(("queues", "limit"), [([], 1), (["default"], 0)])
-async def test_claim_refuses_empty_queues_and_limit(
-    driver: RedisDriver, queues: list[str], limit: int
+@pytest.mark.parametrize(
+    "req",
+    [
+        ClaimRequest(queues=[], limit=1, visibility_timeout_ms=1_000, worker_id="w"),
+        ClaimRequest(queues=["default"], limit=0, visibility_timeout_ms=1_000, worker_id="w"),
+        ClaimRequest(queues=["default"], limit=1, visibility_timeout_ms=10**18, worker_id="w"),
+    ],
+)
+async def test_claim_refuses_empty_queues_limit_and_lease(
+    driver: RedisDriver, req: ClaimRequest
 ) -> None:
+    await driver.enqueue(request("k"))
     with pytest.raises(DriverRequestInvalidError):
-        await claim(driver, *queues, limit=limit) if queues else await driver.claim(
-            __import__("jobs_core.types", fromlist=["ClaimRequest"]).ClaimRequest(
-                queues=[], limit=1, visibility_timeout_ms=1_000, worker_id="w"
-            )
-        )
+        await driver.claim(req)
+    [stats] = await driver.stats()
+    assert (stats.ready, stats.running) == (1, 0)
 
 
 async def test_lapsed_lease_is_reclaimed_with_the_attempt_counted(driver: RedisDriver) -> None:
@@ -552,12 +566,16 @@ async def test_step_writes_are_fenced_and_numbered(driver: RedisDriver) -> None:
 
 async def test_unfenced_and_half_fenced_step_writes(driver: RedisDriver) -> None:
     run_id = new_id()
-    assert await driver.steps.write(StepWrite(None, None, run_id, StepRecord("inline", "completed")))
+    assert await driver.steps.write(
+        StepWrite(None, None, run_id, StepRecord("inline", "completed"))
+    )
     assert [s.name for s in await driver.steps.load(run_id)] == ["inline"]
     with pytest.raises(DriverRequestInvalidError):
         await driver.steps.write(StepWrite(new_id(), None, run_id, StepRecord("x", "completed")))
     with pytest.raises(DriverRequestInvalidError):
-        await driver.steps.write(StepWrite(None, Fence("w", 1), run_id, StepRecord("x", "completed")))
+        await driver.steps.write(
+            StepWrite(None, Fence("w", 1), run_id, StepRecord("x", "completed"))
+        )
     for bad in ({1, 2}, "nul\u0000"):
         with pytest.raises(DriverRequestInvalidError):
             await driver.steps.write(
@@ -577,9 +595,7 @@ async def test_step_error_text_may_hold_anything(driver: RedisDriver) -> None:
 # --- done_ttl --------------------------------------------------------------------------------
 
 
-async def test_done_rows_and_their_steps_expire_after_done_ttl(
-    redis_url: str, prefix: str
-) -> None:
+async def test_done_rows_and_their_steps_expire_after_done_ttl(redis_url: str, prefix: str) -> None:
     driver = await RedisDriver.connect(redis_url, prefix=prefix, done_ttl="300ms")
     done = await driver.enqueue(request("done"))
     dead = await driver.enqueue(request("dead"))
@@ -632,8 +648,6 @@ async def test_get_shows_the_whole_row(driver: RedisDriver) -> None:
 
 
 async def test_cancel_rules(driver: RedisDriver) -> None:
-    from jobs_core.errors import JobNotCancellableError, JobNotFoundError
-
     with pytest.raises(JobNotFoundError):
         await driver.operator.cancel(new_id(), "why")
     queued = await driver.enqueue(request("queued"))
@@ -658,8 +672,6 @@ async def test_cancel_rules(driver: RedisDriver) -> None:
 
 
 async def test_resolve_step_rules(driver: RedisDriver) -> None:
-    from jobs_core.errors import JobNotFoundError, StepNotResolvableError
-
     with pytest.raises(JobNotFoundError):
         await driver.operator.resolve_step(new_id(), "s", StepResolution(ran=True))
     result = await driver.enqueue(request("k"))
@@ -899,8 +911,6 @@ async def test_close_makes_every_call_unavailable(redis_url: str, prefix: str) -
 
 
 async def test_a_server_error_reply_passes_through_unmapped(driver: RedisDriver) -> None:
-    from redis.exceptions import ResponseError
-
     # Another client's value of the wrong type under one of our keys: the server answers
     # WRONGTYPE, which is not an outage and must not be reported as one.
     client = driver._conn.client()

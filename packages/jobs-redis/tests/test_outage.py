@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Throwaway
 from pydantic import BaseModel
-from redis_helpers import claim, eventually, request
 
-from jobs_core import JobRegistry, JobState, Retry, Worker, job
-from jobs_core.errors import DriverUnavailableError
+from conftest import Throwaway
+from jobs_core import JobRegistry, JobState, Retry, Worker, job, use_driver
+from jobs_core.errors import DriverRequestInvalidError, DriverUnavailableError
 from jobs_core.types import ClaimRequest
 from jobs_redis import RedisDriver
+from redis_helpers import claim, eventually, request
 
 
 class Item(BaseModel):
@@ -100,8 +100,6 @@ async def test_a_worker_starting_during_an_outage_starts_and_picks_up_later(
     assert not driver.wake.healthy
     throwaway.start()
     await eventually(lambda: _true(driver.wake.healthy), timeout=10)
-    from jobs_core import use_driver
-
     with use_driver(driver):
         await count.enqueue(Item(key="x"))
     await eventually(lambda: _true(ran == ["x"]), timeout=10)
@@ -125,8 +123,6 @@ async def test_the_same_worker_claims_and_finishes_new_jobs_after_an_outage(
     # A long idle poll: pickup after the outage must come from the re-established wake.
     worker = Worker(driver, registry=registry, poll_interval="100ms", idle_poll_max="30s")
     running = asyncio.create_task(worker.run())
-    from jobs_core import use_driver
-
     with use_driver(driver):
         await count.enqueue(Item(key="before"))
         await eventually(lambda: _true(ran == ["before"]), timeout=10)
@@ -172,8 +168,6 @@ async def test_a_restart_with_aof_mid_run_loses_no_job(tmp_path: Path) -> None:
             poll_interval="20ms",
             idle_poll_max="200ms",
         )
-        from jobs_core import use_driver
-
         with use_driver(driver):
             results = await count.enqueue_many([Item(key=f"k{i}", hold_ms=20) for i in range(200)])
         running = asyncio.create_task(worker.run())
@@ -181,9 +175,7 @@ async def test_a_restart_with_aof_mid_run_loses_no_job(tmp_path: Path) -> None:
         server.stop()
         await asyncio.sleep(0.5)
         server.start()
-        await eventually(
-            lambda: _stats_done(driver, 200), timeout=60
-        )
+        await eventually(lambda: _stats_done(driver, 200), timeout=60)
         await worker.stop()
         await running
         assert not running.exception()
@@ -215,8 +207,6 @@ async def test_a_restart_without_persistence_mid_run_keeps_the_worker_alive(
     count = counting_job(registry, ran)
     worker = Worker(driver, registry=registry, poll_interval="20ms", idle_poll_max="200ms")
     running = asyncio.create_task(worker.run())
-    from jobs_core import use_driver
-
     with use_driver(driver):
         await count.enqueue_many([Item(key=f"slow{i}", hold_ms=300) for i in range(4)])
         await eventually(lambda: _true(worker.stats().in_flight > 0), timeout=10)
@@ -227,9 +217,7 @@ async def test_a_restart_without_persistence_mid_run_keeps_the_worker_alive(
         result = await count.enqueue(Item(key="new"))
         await eventually(lambda: _true("new" in ran), timeout=10)
     assert await states(driver, [result.id]) == [JobState.DONE]
-    assert worker.stats().outcomes.get("lost", 0) + worker.stats().outcomes.get(
-        "crashed", 0
-    ) >= 1
+    assert worker.stats().outcomes.get("lost", 0) + worker.stats().outcomes.get("crashed", 0) >= 1
     await worker.stop()
     await running
     await driver.close()
@@ -238,8 +226,6 @@ async def test_a_restart_without_persistence_mid_run_keeps_the_worker_alive(
 async def test_claim_request_is_refused_before_any_server_contact(throwaway: Throwaway) -> None:
     throwaway.stop()
     driver = RedisDriver(throwaway.url, prefix="x")
-    from jobs_core.errors import DriverRequestInvalidError
-
     with pytest.raises(DriverRequestInvalidError):
         await driver.claim(ClaimRequest([], 1, 1_000, "w"))
     await driver.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -13,12 +12,12 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from redis_helpers import eventually
 
 from jobs_core import JobState
 from jobs_core.ids import new_id
 from jobs_core.types import EnqueueRequest
 from jobs_redis import RedisDriver
+from redis_helpers import eventually
 
 APPS = Path(__file__).parent / "apps"
 
@@ -76,9 +75,7 @@ async def test_four_worker_processes_run_ten_thousand_rows_exactly_once(
     results = await driver.enqueue_many([unit(n) for n in range(total)])
     assert not any(r.deduped for r in results)
     started = time.perf_counter()
-    procs = [
-        spawn(redis_url, prefix, "redis_count_app", "--concurrency", "32") for _ in range(4)
-    ]
+    procs = [spawn(redis_url, prefix, "redis_count_app", "--concurrency", "32") for _ in range(4)]
     try:
 
         async def finished() -> bool:

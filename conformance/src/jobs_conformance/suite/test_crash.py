@@ -33,10 +33,16 @@ async def _check(
 ) -> CrashReport:
     """Run the clean scenario, then one killed at each boundary, checking every recovery."""
     if command is not None:
-        runner = SubprocessRun(target.driver, command, workdir, reference.EVENTS)
+        watcher = await target.real_time() if target.manual else target.driver
+        runner = SubprocessRun(watcher, command, workdir, reference.EVENTS)
 
         async def scenario(kill_at: int | None) -> Any:
             return await runner.run(handle, kill_at)
+
+        try:
+            return await _kill_everywhere(scenario, handle)
+        finally:
+            await target.release(watcher)
 
     else:
         registry = JobRegistry()
@@ -52,6 +58,12 @@ async def _check(
             tag = log.stem.replace(".", "-")
             return await in_process.run(handle, reference.RefInput(log=str(log), tag=tag), kill_at)
 
+    return await _kill_everywhere(scenario, handle)
+
+
+async def _kill_everywhere(
+    scenario: Callable[[int | None], Any], handle: JobHandle[Any, Any]
+) -> CrashReport:
     clean = await scenario(None)
     points = kill_points(clean)
     for kill in points:

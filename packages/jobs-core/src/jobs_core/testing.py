@@ -8,6 +8,7 @@ delays, retries and sleeps when nothing else is due, so tests need not wait them
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -139,6 +140,9 @@ async def run_jobs(
             if clock is not None and due_or_running == 0 and worker.stats().in_flight == 0:
                 next_due = getattr(driver, "next_due_at", None)
                 when = next_due() if callable(next_due) else None
+                if inspect.isawaitable(when):
+                    # A database-backed driver answers it with a query (jobs-pg).
+                    when = await when
                 if isinstance(when, datetime) and when > clock.now():
                     clock.set(when)
             await asyncio.sleep(0.002)

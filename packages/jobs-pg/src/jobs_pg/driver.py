@@ -24,6 +24,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from uuid import UUID
@@ -547,6 +548,19 @@ class PostgresDriver:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``.
         """
         return {row[0]: int(row[1]) for row in await self._db.rows("demand", {})}
+
+    async def next_due_at(self) -> datetime | None:
+        """Answer when the next claim could take a row, for tests that move an injected clock.
+
+        It is the earliest ``run_at`` of a waiting row or lease expiry of a running row, over
+        unpaused queues (it may be in the past); ``None`` when there is none.
+        ``jobs_core.testing.run_jobs`` jumps its manual clock there when nothing else is due.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``.
+        """
+        found = await self._db.value("next_due_at", {})
+        return None if found is None else utc(found)
 
     def describe(self) -> dict[str, Any]:
         """Answer ``{"name", "capabilities", "not_applicable", "schema"}`` (lists sorted)."""

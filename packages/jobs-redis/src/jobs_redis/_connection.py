@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Awaitable, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -112,7 +112,7 @@ class Connection:
             try:
                 return await _evalsha(client, script, keys, args)
             except NoScriptError:
-                await cast(Awaitable[str], client.script_load(script.text))
+                await client.script_load(script.text)
                 return await _evalsha(client, script, keys, args)
         except UNAVAILABLE as exc:
             raise self.unavailable(exc) from exc
@@ -134,7 +134,7 @@ class Connection:
             try:
                 return await _transaction(client, script, calls)
             except NoScriptError:
-                await cast(Awaitable[str], client.script_load(script.text))
+                await client.script_load(script.text)
                 return await _transaction(client, script, calls)
         except UNAVAILABLE as exc:
             raise self.unavailable(exc) from exc
@@ -148,7 +148,7 @@ class Connection:
         client = self.client()
         try:
             for script in scripts:
-                await cast(Awaitable[str], client.script_load(script.text))
+                await client.script_load(script.text)
         except UNAVAILABLE as exc:
             raise self.unavailable(exc) from exc
 
@@ -172,7 +172,7 @@ class Connection:
 async def _evalsha(
     client: aioredis.Redis, script: Script, keys: Sequence[str], args: Sequence[Any]
 ) -> Any:
-    return await cast(Awaitable[Any], client.evalsha(script.sha, len(keys), *keys, *args))
+    return await client.evalsha(script.sha, len(keys), *keys, *args)
 
 
 async def _transaction(
@@ -181,4 +181,4 @@ async def _transaction(
     async with client.pipeline(transaction=True) as pipe:
         for keys, args in calls:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
-        return cast(list[Any], await pipe.execute())
+        return await pipe.execute()

@@ -45,12 +45,13 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Self
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from uuid import UUID
 
 from jobs_core._durations import Duration, parse_duration
+from jobs_core.clock import SYSTEM_CLOCK
 from jobs_core.driver import (
     CAPABILITIES,
     EventQuery,
@@ -77,7 +78,6 @@ from jobs_core.types import (
     Fence,
     JobInfo,
     JobState,
-    JSONValue,
     NackOptions,
     QueueStats,
     Settle,
@@ -130,14 +130,14 @@ _QUEUED_STATES = frozenset({JobState.READY, JobState.DELAYED, JobState.SUSPENDED
 def _checked_ms(ms: int, what: str) -> int:
     """Answer ``ms`` if an instant that far from now exists, like the memory driver's check.
 
-    Only the range is checked here (the worker's clock is close enough for that); the server's
+    Only the range is checked here (the process clock is close enough for that); the server's
     ``TIME`` decides every instant that is stored.
 
     Raises:
         DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` out of range.
     """
     try:
-        datetime.now(UTC) + timedelta(milliseconds=ms)
+        SYSTEM_CLOCK.now() + timedelta(milliseconds=ms)
     except OverflowError as exc:
         raise DriverRequestInvalidError(f"{what}={ms} ms is out of range", field=what) from exc
     return ms
@@ -563,7 +563,9 @@ class RedisWakeSource:
     def cancel_all(self) -> None:
         """Stop every subscription (on close); each task ends on its own loop."""
         for task in list(self._listening):
-            task.get_loop().call_soon_threadsafe(task.cancel)
+            loop = task.get_loop()
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(task.cancel)
         self._listening.clear()
 
     async def _listen(self, callback: Callable[[str], None], first: asyncio.Event) -> None:
@@ -607,7 +609,8 @@ class RedisWakeSource:
                 first.set()
             finally:
                 with contextlib.suppress(*UNAVAILABLE):
-                    await pubsub.aclose()
+                    # redis-py leaves PubSub.aclose unannotated.
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
 
@@ -789,7 +792,7 @@ class RedisOperator:
 def _check_prefix(prefix: str) -> str:
     if not prefix or "{" in prefix or "}" in prefix:
         raise DriverRequestInvalidError(
-            f"prefix must be non-empty text without braces (it becomes the hash tag), not {prefix!r}",
+            f"prefix must be non-empty text without braces (it is the hash tag), not {prefix!r}",
             prefix=prefix,
         )
     return prefix
@@ -1144,7 +1147,21 @@ class RedisDriver:
         for i in range(0, len(flat), 11):
             v = flat[i : i + 11]
             oldest = 0 if v[9] == "" else max(0, (int(v[10]) - int(v[9])) // 1000)
-            out.append(QueueStats(v[0], *(int(n) for n in v[1:9]), oldest_ready_ms=oldest))
+            ready, delayed, running, suspended, done, failed, dead, cancelled = map(int, v[1:9])
+            out.append(
+                QueueStats(
+                    v[0],
+                    ready=ready,
+                    delayed=delayed,
+                    running=running,
+                    suspended=suspended,
+                    done=done,
+                    failed=failed,
+                    dead=dead,
+                    cancelled=cancelled,
+                    oldest_ready_ms=oldest,
+                )
+            )
         return sorted(out, key=lambda s: s.queue)
 
     async def demand(self) -> dict[str, int]:
@@ -1157,7 +1174,7 @@ class RedisDriver:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
         """
         flat = await self._s.run("demand", [self._keys.queues], [self._keys.base])
-        return {flat[i]: int(flat[i + 1]) for i in sorted(range(0, len(flat), 2), key=flat.__getitem__)}
+        return {queue: int(n) for queue, n in sorted(_pairs(flat).items())}
 
     def describe(self) -> dict[str, Any]:
         """Answer what this driver is and carries, for ``jobs manifest`` and operators.

@@ -36,7 +36,7 @@ def _effect(step: str) -> str:
 
 
 def _hook(at: Boundary) -> None:
-    if _KILL == f"{at.point}:{at.step}" and not _KILLED.exists():
+    if f"{at.point}:{at.step}" == _KILL and not _KILLED.exists():
         _KILLED.write_text("killed")
         os.kill(os.getpid(), signal.SIGKILL)
 

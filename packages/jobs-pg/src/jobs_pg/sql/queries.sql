@@ -860,3 +860,11 @@ SELECT count(*) FROM (SELECT DISTINCT name, bucket FROM aged) AS buckets
 -- Sent through the pool to a wake listener's private channel: its arrival proves the LISTEN
 -- connection is live (a half-open one never hears it).
 SELECT pg_notify(%(channel)s, %(payload)s)
+
+-- name: next_due_at
+-- For tests on an injected clock: when the next claim could take a row of an unpaused queue
+-- (a waiting row's run_at, a running row's lease expiry); it may be in the past.
+SELECT min(CASE WHEN j.state = 'running' THEN j.visible_at ELSE j.run_at END)
+FROM {schema}.jobs j
+WHERE j.state IN ('ready', 'delayed', 'running', 'suspended')
+  AND NOT EXISTS (SELECT 1 FROM {schema}.paused_queues p WHERE p.queue = j.queue)
