@@ -20,6 +20,8 @@ PINS = {
     "pytest-timeout": "pytest-timeout==2.4.0",
     "hypothesis": "hypothesis==6.155.2",
     "types-croniter": "types-croniter==6.2.4.20261118",
+    "opentelemetry-api": "opentelemetry-api==1.45.2",
+    "opentelemetry-sdk": "opentelemetry-sdk==1.45.2",
     "redis": "redis==8.1.0",
 }
 
@@ -27,7 +29,15 @@ CORE = "packages/jobs-core"
 CONFORMANCE = "conformance"
 REDIS = "packages/jobs-redis"
 
-TEST_DEPS = [PINS["pytest"], PINS["pytest-asyncio"], PINS["pytest-timeout"], PINS["hypothesis"]]
+# The OpenTelemetry SDK (with its in-memory exporter) checks the optional tracing; jobs-core
+# itself needs only the API, and only when installed with the ``otel`` extra.
+TEST_DEPS = [
+    PINS["pytest"],
+    PINS["pytest-asyncio"],
+    PINS["pytest-timeout"],
+    PINS["hypothesis"],
+    PINS["opentelemetry-sdk"],
+]
 
 nox.options.sessions = [
     "lint",
@@ -53,7 +63,14 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """Type-check the library sources with mypy (strict; config in pyproject.toml)."""
     session.install(
-        "-e", CORE, "-e", CONFORMANCE, PINS["mypy"], PINS["pytest"], PINS["types-croniter"]
+        "-e",
+        CORE,
+        "-e",
+        CONFORMANCE,
+        PINS["mypy"],
+        PINS["pytest"],
+        PINS["types-croniter"],
+        PINS["opentelemetry-api"],
     )
     session.install("-e", REDIS, PINS["redis"])
     session.run("mypy")

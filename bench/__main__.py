@@ -146,7 +146,9 @@ def _figures(
             print(f"round {rep + 1}/{args.repeat}", file=sys.stderr, flush=True)
             for figure in figures:
                 for driver in drivers:
-                    results.record(figure, f"ours:{driver}", lambda f=figure, d=driver: ours_runs[f](d))
+                    results.record(
+                        figure, f"ours:{driver}", lambda f=figure, d=driver: ours_runs[f](d)
+                    )
                 for name, peer in peers.items():
                     run = peer.FIGURES.get(figure)
                     if run is not None:
@@ -188,7 +190,9 @@ def _rss(args: argparse.Namespace, drivers: list[str], results: Results) -> None
                 f"{probe['value']:,.0f} jobs/s (concurrency {args.concurrency})"
             )
             results.record(
-                "rss", f"ours:{driver}", lambda d=driver: suite.ours_rss(d, checkpoints, args.concurrency)
+                "rss",
+                f"ours:{driver}",
+                lambda d=driver: suite.ours_rss(d, checkpoints, args.concurrency),
             )
     finally:
         suite.cleanup_ours()

@@ -133,7 +133,9 @@ def rss_lines(results: Results) -> list[str]:
         keys = sorted(marks, key=int)
         first, last = marks[keys[0]]["rss_kib"], marks[keys[-1]]["rss_kib"]
         if not out:
-            out += ["| worker RSS | " + " | ".join(f"after {int(k):,}" for k in keys) + " | growth |"]
+            out += [
+                "| worker RSS | " + " | ".join(f"after {int(k):,}" for k in keys) + " | growth |"
+            ]
             out += ["|---|" + "---:|" * (len(keys) + 1)]
         cells = " | ".join(f"{marks[k]['rss_kib'] / 1024:,.0f} MiB" for k in keys)
         out.append(f"| {system} | {cells} | {(last - first) / first * 100:+.1f}% |")

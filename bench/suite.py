@@ -14,8 +14,8 @@ from typing import Any
 
 from bench.common import (
     Background,
-    child_argv,
     ChildFailed,
+    child_argv,
     drop_database,
     flush_redis,
     fresh_database,
@@ -224,4 +224,3 @@ def cleanup_floors() -> None:
         flush_redis("floor")
     except Exception as exc:
         print(f"  cleanup: {exc}", file=sys.stderr)
-

@@ -24,7 +24,8 @@ BACKEND = "pg"
 DATABASE = "bench_pgqueuer"
 SETTINGS = (
     "`pgq run` (asyncpg driver), default --batch-size 10, no concurrency_limit on the "
-    "entrypoint (its default), durability durable, --log-level WARNING (through bench/peers/pgq_cli.py, which fixes the flag under typer 0.29)"
+    "entrypoint (its default), durability durable, --log-level WARNING (through "
+    "bench/peers/pgq_cli.py, which fixes that flag under typer 0.29)"
 )
 _BATCH = 1_000
 

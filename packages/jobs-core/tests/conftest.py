@@ -7,11 +7,13 @@ are collected here (``-m conformance`` selects them, ``-m "not conformance"`` le
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 
 from jobs_core import Clock, JobRegistry, use_driver
 from jobs_core.drivers.memory import MemoryDriver
+from jobs_core.drivers.memory_outbox import MemoryTransaction
 from jobs_core.testing import ManualClock
 
 pytest_plugins = ["jobs_conformance.plugin"]
@@ -49,4 +51,18 @@ def driver_factory() -> Callable[..., Awaitable[MemoryDriver]]:
             opened.append(MemoryDriver(clock))
         return opened[0]
 
+    open_memory.opened = opened  # type: ignore[attr-defined]
     return open_memory
+
+
+@pytest.fixture
+def outbox_transaction(
+    driver_factory: Callable[..., Awaitable[MemoryDriver]],
+) -> Callable[[], AbstractAsyncContextManager[MemoryTransaction]]:
+    """The conformance suite's outbox transaction: the memory store's own, on the same driver."""
+
+    def begin() -> AbstractAsyncContextManager[MemoryTransaction]:
+        opened: list[MemoryDriver] = driver_factory.opened  # type: ignore[attr-defined]
+        return opened[0].outbox.transaction()
+
+    return begin

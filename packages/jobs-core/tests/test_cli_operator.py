@@ -319,8 +319,9 @@ def _jobs(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedPro
 
 
 SESSION_ROWS = """
-    # Creates the session's rows through the driver the CLI installed, unless they exist: on a
-    # persistent driver every process finds them; the memory driver starts empty each time.
+    # The session's rows, made through the driver. On the memory driver every process starts
+    # empty, so each command imports this module (--app) and it makes them at import, on the
+    # driver the CLI installed; a persistent driver gets them once, from SESSION_SETUP.
     import json
     import os
     from uuid import UUID
@@ -361,7 +362,28 @@ SESSION_ROWS = """
         await driver.enqueue(request("delayed", "l", delay_ms=3_600_000))
 
 
-    run_sync(setup())
+    if os.environ.get("SESSION_SETUP_AT_IMPORT") == "1":
+        run_sync(setup())
+"""
+
+SESSION_SETUP = """
+import asyncio, os
+
+from jobs_core import install_driver, open_driver
+
+import session_rows
+
+
+async def main():
+    driver = open_driver(os.environ["JOBS_DRIVER"])
+    install_driver(driver)
+    try:
+        await session_rows.setup()
+    finally:
+        await driver.close()
+
+
+asyncio.run(main())
 """
 
 SESSION_JOBS = """
@@ -421,7 +443,21 @@ def test_a_cli_session_in_separate_processes(
     ids |= {f"{k}_run": str(uuid.uuid4()) for k in list(ids)}
     queue = f"session-{uuid.uuid4().hex[:8]}"
     env = _env(JOBS_DRIVER=session_url, SESSION_IDS=json.dumps(ids), SESSION_QUEUE=queue)
-    rows = ["--app", "session_rows"]
+    if persistent:
+        rows: list[str] = []
+        setup = subprocess.run(
+            [sys.executable, "-c", SESSION_SETUP],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert setup.returncode == 0, setup.stderr
+    else:
+        env["SESSION_SETUP_AT_IMPORT"] = "1"
+        rows = ["--app", "session_rows"]
     declared = [*rows, "--app", "session_jobs"]
 
     def jobs(*args: str, status: int = 0) -> Any:

@@ -22,6 +22,7 @@ from jobs_core.driver import (
     JobDriver,
     LeaseRequest,
     LeaseStore,
+    OutboxStore,
     PublishRequest,
     StepResolution,
     StepStore,
@@ -169,7 +170,9 @@ async def test_protocols_capabilities_and_describe(mem: MemoryDriver) -> None:
         "counters",
         "scheduler_state",
         "leader",
+        "outbox",
     }
+    assert isinstance(mem.outbox, OutboxStore)
     assert mem.capabilities == carried
     described = mem.describe()
     assert described == {

@@ -24,8 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from importlib.metadata import entry_points
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -132,24 +131,6 @@ class _Session:
     def __init__(self, injected: JobDriver | None) -> None:
         self.injected = injected
 
-    @contextmanager
-    def driver(self, url: str | None, apps: list[str] | None) -> Iterator[JobDriver]:
-        """Open (or take) the driver, install it, import ``apps``; close what was opened."""
-        if self.injected is not None:
-            driver = self.injected
-        elif url:
-            driver = _open(url)
-        else:
-            _usage("name a driver with --driver URL or the JOBS_DRIVER environment variable")
-        install_driver(driver)
-        try:
-            _import_apps(apps or [])
-            yield driver
-        finally:
-            install_driver(None)
-            if driver is not self.injected:
-                asyncio.run(driver.close())
-
     def run(
         self,
         url: str | None,
@@ -157,16 +138,42 @@ class _Session:
         heading: str,
         action: Callable[[JobDriver], Awaitable[T]],
     ) -> T:
-        """Run ``action`` on the driver; a ``JobsError`` is printed and exits 1 or 2."""
-        with self.driver(url, apps) as driver:
+        """Install the driver, import ``apps``, run ``action`` and close what was opened.
+
+        The action and the close share one event loop: a driver's connections belong to the
+        loop that opened them. A ``JobsError`` is printed and exits 1 or 2.
+        """
+        if self.injected is not None:
+            driver = self.injected
+        elif url:
+            driver = _open(url)
+        else:
+            _usage("name a driver with --driver URL or the JOBS_DRIVER environment variable")
+        owned = driver is not self.injected
+        install_driver(driver)
+        try:
             try:
-                return asyncio.run(_call(action, driver))
+                _import_apps(apps or [])
+            except typer.Exit:
+                if owned:
+                    asyncio.run(driver.close())
+                raise
+            try:
+                return asyncio.run(_call(action, driver, close=owned))
             except JobsError as exc:
                 _fail(exc, heading)
+        finally:
+            install_driver(None)
 
 
-async def _call(action: Callable[[JobDriver], Awaitable[T]], driver: JobDriver) -> T:
-    return await action(driver)
+async def _call(
+    action: Callable[[JobDriver], Awaitable[T]], driver: JobDriver, *, close: bool
+) -> T:
+    try:
+        return await action(driver)
+    finally:
+        if close:
+            await driver.close()
 
 
 def _bulk(

@@ -725,7 +725,9 @@ def relay(
     configure_logging(log_level, _stderr)
     opened = _open(driver)
     store = capability(opened, "outbox")
-    if store is None:
+    # A memory outbox lives in the process that staged into it: a relay process of its own would
+    # watch an empty store forever.
+    if store is None or opened.name == "memory":
         asyncio.run(opened.close())
         _exit_with(
             NotImplementedByDriverError(

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from jobs_core.clock import Clock
@@ -42,6 +43,16 @@ Row = tuple[Any, ...]
 def utc(instant: datetime) -> datetime:
     """Answer an aware instant in UTC (an app's pool may run in another session time zone)."""
     return instant if instant.tzinfo is UTC else instant.astimezone(UTC)
+
+
+def application_name(conninfo: str, name: str) -> dict[str, str]:
+    """Answer ``{"application_name": name}`` unless the app's conninfo already names one.
+
+    Operators find the driver's connections by it in ``pg_stat_activity``.
+    """
+    if "application_name" in conninfo_to_dict(conninfo):
+        return {}
+    return {"application_name": name}
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -88,7 +99,11 @@ class Db:
             timeout=timeout,
             open=False,
             configure=_configure,
-            kwargs={"autocommit": True, "prepare_threshold": prepare_threshold},
+            kwargs={
+                "autocommit": True,
+                "prepare_threshold": prepare_threshold,
+                **application_name(conninfo, f"jobs-pg:{schema}"),
+            },
             name=f"jobs-pg:{schema}",
         )
         self._opened = not self.owned

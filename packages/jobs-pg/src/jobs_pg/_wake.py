@@ -28,7 +28,7 @@ import psycopg
 from psycopg import sql
 
 from jobs_core.errors import DriverUnavailableError
-from jobs_pg._db import Db
+from jobs_pg._db import Db, application_name
 
 _log = logging.getLogger("jobs.wake")
 
@@ -48,15 +48,23 @@ class PgWakeSource:
     Args:
         db: the driver's connection plumbing (probes go through its pool).
         channel: the NOTIFY channel the statements wake (``<schema>.wake``).
+        conninfo: where the LISTEN connection dials (the driver's URL unless told otherwise).
         probe_interval: seconds between liveness probes while live.
         probe_timeout: seconds a probe may take to come back.
     """
 
     def __init__(
-        self, db: Db, channel: str, *, probe_interval: float = 5.0, probe_timeout: float = 2.0
+        self,
+        db: Db,
+        channel: str,
+        conninfo: str,
+        *,
+        probe_interval: float = 5.0,
+        probe_timeout: float = 2.0,
     ) -> None:
         self._db = db
         self._channel = channel
+        self._conninfo = conninfo
         self._probe_channel = f"jobs_probe_{uuid4().hex}"
         self.probe_interval = probe_interval
         self.probe_timeout = probe_timeout
@@ -148,7 +156,7 @@ class PgWakeSource:
             Exception: whatever ended it (a connection error, or a probe that never came back).
         """
         conn = await psycopg.AsyncConnection.connect(
-            self._db.conninfo,
+            self._conninfo,
             autocommit=True,
             connect_timeout=5,
             # Keepalives let the kernel notice a dead peer too; the probe covers what they miss.
@@ -156,6 +164,7 @@ class PgWakeSource:
             keepalives_idle=10,
             keepalives_interval=5,
             keepalives_count=3,
+            **application_name(self._conninfo, f"jobs-pg:{self._db.schema}:wake"),
         )
         reader: asyncio.Task[None] | None = None
         try:

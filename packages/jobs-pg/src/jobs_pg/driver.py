@@ -207,6 +207,8 @@ class PostgresDriver:
             (default 0: every statement is prepared at its first run; ``None`` disables it,
             for a transaction-pooling proxy without prepared-statement support).
         clock: an injected clock for tests; ``None`` (production) lets ``now()`` decide.
+        listen_url: where the LISTEN connection dials, when not ``url``: behind a
+            transaction-pooling proxy, point it at the server itself (LISTEN needs a session).
 
     Every method raises ``DriverUnavailableError`` (``X_DRIVER_UNAVAILABLE``) when the server
     cannot be reached, the connection breaks, or after :meth:`close`; nothing is half-written.
@@ -226,6 +228,7 @@ class PostgresDriver:
         timeout: float = 5.0,
         prepare_threshold: int | None = 0,
         clock: Clock | None = None,
+        listen_url: str | None = None,
     ) -> None:
         self.schema = check_schema(schema)
         if min_size < 0 or max_size < max(min_size, 1):
@@ -248,7 +251,7 @@ class PostgresDriver:
         self.introspect = PgIntrospector(self._db)
         self.leases = PgLeaseStore(self._db)
         self.events = PgEventBus(self._db)
-        self.wake = PgWakeSource(self._db, wake_channel(self.schema))
+        self.wake = PgWakeSource(self._db, wake_channel(self.schema), listen_url or url)
         self.outbox = PgOutboxStore(self._db)
         self.scheduler_state = PgSchedulerState(self._db, self._enqueue_on)
         self.leader = PgLeaderLease(self._db)
@@ -267,6 +270,7 @@ class PostgresDriver:
         timeout: float = 5.0,
         prepare_threshold: int | None = 0,
         clock: Clock | None = None,
+        listen_url: str | None = None,
     ) -> PostgresDriver:
         """Build a driver and make sure the server answers (the arguments are the class's).
 
@@ -284,6 +288,7 @@ class PostgresDriver:
             timeout=timeout,
             prepare_threshold=prepare_threshold,
             clock=clock,
+            listen_url=listen_url,
         )
         try:
             await driver._db.value("now", {})
@@ -632,6 +637,7 @@ def open_postgres_driver(url: str, **options: Any) -> PostgresDriver:
         "timeout",
         "prepare_threshold",
         "clock",
+        "listen_url",
     }
     if unknown:
         raise DriverRequestInvalidError(

@@ -55,6 +55,7 @@ from jobs_core.driver import (
     StepResolution,
     StepStore,
 )
+from jobs_core.drivers.memory_outbox import MemoryOutboxStore
 from jobs_core.errors import (
     DriverRequestInvalidError,
     DriverUnavailableError,
@@ -102,7 +103,17 @@ from jobs_core.types import (
 )
 
 _CAPABILITIES = frozenset(
-    {"introspect", "leases", "events", "wake", "workers", "counters", "scheduler_state", "leader"}
+    {
+        "introspect",
+        "leases",
+        "events",
+        "wake",
+        "workers",
+        "counters",
+        "scheduler_state",
+        "leader",
+        "outbox",
+    }
 )
 _CURSOR = re.compile(r"mem1\|(-?\d{1,20})\|([0-9a-f]{32})")
 # A JSON ``\u0000`` escape, i.e. one not itself escaped by an odd run of backslashes.
@@ -1774,6 +1785,7 @@ class MemoryDriver:
         self.counters = MemoryCounterStore(self._m)
         self.scheduler_state = MemorySchedulerState(self)
         self.leader = MemoryLeaderLease(self._m)
+        self.outbox = MemoryOutboxStore(self._m.clock)
 
     async def enqueue(self, req: EnqueueRequest) -> EnqueueResult:
         """Queue one row (the one-element case of :meth:`enqueue_many`).

@@ -1,0 +1,228 @@
+"""The shipped SQL: migrations apply once under concurrency, the schema is the declared one,
+every statement block is used and plans against it, and the ``jobs pg`` commands work."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobs_core.errors import DriverRequestInvalidError
+from jobs_pg import PostgresDriver
+from jobs_pg._sql import FRAGMENTS, Statements, blocks, migrations
+from pg_helpers import claim, request
+
+PACKAGE = Path(__file__).parents[1] / "src" / "jobs_pg"
+
+# The data model, as the driver's statements need it: per table, "column type" with "!" for
+# NOT NULL, in column order. A migration that drifts from it fails here.
+DECLARED_TABLES = {
+    "backfills": (
+        "id uuid!, name text!, checksum text!, status text!, app_version text, rows int8!,"
+        "last_cursor jsonb, started_at timestamptz!, completed_at timestamptz"
+    ),
+    "counters": (
+        "name text!, tier text!, bucket timestamptz!, shard int2!, done int8!, retried int8!,"
+        "failed int8!, dead int8!, duration_ms float8!"
+    ),
+    "events": (
+        "id uuid!, seq int8!, name text!, payload jsonb!, correlation_key text,"
+        "published_at timestamptz!, expires_at timestamptz!"
+    ),
+    "job_steps": (
+        "run_id uuid!, name text!, seq int4!, status text!, output jsonb,"
+        "started_at timestamptz, completed_at timestamptz, wake_at timestamptz, event text,"
+        "match jsonb, attempts int4!, error text, once bool!"
+    ),
+    "jobs": (
+        "id uuid!, seq int8!, name text!, queue text!, input jsonb!, idempotency_key text!,"
+        "tenant_id text, run_id uuid!, state text!, attempts int4!, max_attempts int4!,"
+        "run_at timestamptz!, visible_at timestamptz, claimed_by text, claim int4!,"
+        "last_error text, last_error_code text, last_error_stack text, result jsonb,"
+        "progress jsonb, traceparent text, enqueued_by text, created_at timestamptz!,"
+        "updated_at timestamptz!"
+    ),
+    "leases": (
+        "lease_key text!, slot int4!, holder text!, expires_at timestamptz!,"
+        "acquired_at timestamptz!"
+    ),
+    "migrations": ("version int4!, name text!, checksum text!, applied_at timestamptz!"),
+    "outbox": (
+        "id uuid!, name text!, queue text!, input jsonb!, idempotency_key text!,"
+        "tenant_id text, max_attempts int4!, run_id uuid!, run_at timestamptz!,"
+        "traceparent text, enqueued_by text, staged_at timestamptz!, claimed_at timestamptz,"
+        "claimed_by text, claim_expires_at timestamptz, published_at timestamptz"
+    ),
+    "paused_queues": ("queue text!, paused_at timestamptz!"),
+    "paused_tasks": ("task text!, paused_at timestamptz!"),
+    "queues": ("name text!, created_at timestamptz!"),
+    "scheduler_leader": ("name text!, holder text!, expires_at timestamptz!"),
+    "scheduler_state": ("task text!, watermark timestamptz!, updated_at timestamptz!"),
+    "task_fires": (
+        "task text!, occurrence timestamptz!, watermark timestamptz!, fired_at timestamptz!,"
+        "job_ids _uuid!"
+    ),
+    "wake_slots": ("queue text!, slot int8!"),
+    "workers": (
+        "id text!, host text!, build text!, started_at timestamptz!, queues _text!,"
+        "slots int4!, in_flight _uuid!, last_heartbeat timestamptz!, draining_at timestamptz,"
+        "expires_at timestamptz!"
+    ),
+}
+
+DECLARED_INDEXES = {
+    "jobs_live_key": "UNIQUE (name, COALESCE(tenant_id, ''::text), idempotency_key) WHERE "
+    "(state = ANY (ARRAY['ready'::text, 'delayed'::text, 'running'::text, 'suspended'::text]))",
+    "jobs_claim": "(queue, run_at, seq) WHERE "
+    "(state = ANY (ARRAY['ready'::text, 'delayed'::text, 'suspended'::text]))",
+    "jobs_lapse": "(visible_at) WHERE (state = 'running'::text)",
+    "jobs_listing": "(created_at, id)",
+    "jobs_run": "(run_id)",
+    "job_steps_waiting": "(event) WHERE (status = 'waiting'::text)",
+    "events_find": "(name, published_at, seq)",
+    "events_expiry": "(expires_at)",
+    "outbox_unpublished": "(staged_at, id) WHERE (published_at IS NULL)",
+    "backfills_name": "(name, started_at)",
+}
+
+
+def _columns(spec: str) -> list[str]:
+    return [part.strip() for part in spec.split(",")]
+
+
+async def test_the_migrated_schema_is_the_declared_one(pg_url: str, migrated: str) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        cur = await conn.execute(
+            "SELECT table_name, column_name, udt_name, is_nullable FROM information_schema.columns"
+            " WHERE table_schema = %s ORDER BY table_name, ordinal_position",
+            (migrated,),
+        )
+        found: dict[str, list[str]] = {}
+        for table, column, kind, nullable in await cur.fetchall():
+            found.setdefault(table, []).append(f"{column} {kind}{'' if nullable == 'YES' else '!'}")
+        cur = await conn.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %s", (migrated,)
+        )
+        indexes = dict(await cur.fetchall())
+        cur = await conn.execute(
+            "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = %s",
+            (migrated,),
+        )
+        functions = [row[0] for row in await cur.fetchall()]
+    assert found == {table: _columns(spec) for table, spec in DECLARED_TABLES.items()}
+    for name, shape in DECLARED_INDEXES.items():
+        unique = shape.startswith("UNIQUE ")
+        definition = indexes[name]
+        assert definition.startswith("CREATE UNIQUE INDEX" if unique else "CREATE INDEX"), name
+        assert definition.endswith(shape.removeprefix("UNIQUE ")), (name, definition)
+    primary = {name for name in indexes if name.endswith("_pkey")}
+    assert set(indexes) == set(DECLARED_INDEXES) | primary
+    assert primary == {f"{table}_pkey" for table in DECLARED_TABLES}
+    assert functions == ["wake"]
+
+
+async def test_concurrent_migrates_all_succeed_and_apply_each_file_once(
+    pg_url: str, schema: str
+) -> None:
+    drivers = [PostgresDriver(pg_url, schema=schema, min_size=0, max_size=1) for _ in range(4)]
+    try:
+        applied = await asyncio.gather(*(d.migrate() for d in drivers))
+    finally:
+        for driver in drivers:
+            await driver.close()
+    names = [m.name for m in migrations()]
+    assert sorted(applied, key=len) == [[], [], [], names]
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        cur = await conn.execute(f'SELECT name FROM "{schema}".migrations ORDER BY version')
+        assert [row[0] for row in await cur.fetchall()] == names
+
+
+async def test_an_applied_migration_that_was_edited_is_refused(pg_url: str, migrated: str) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute(f'UPDATE "{migrated}".migrations SET checksum = %s', ("edited",))
+    driver = PostgresDriver(pg_url, schema=migrated, min_size=0, max_size=1)
+    try:
+        with pytest.raises(DriverRequestInvalidError, match="edited after it was applied"):
+            await driver.migrate()
+    finally:
+        await driver.close()
+
+
+def test_every_block_is_used() -> None:
+    source = "\n".join(path.read_text() for path in PACKAGE.rglob("*.py"))
+    statements = Statements("jobs").names()
+    unused = sorted(name for name in statements if f'"{name}"' not in source)
+    assert unused == []
+    for fragment in FRAGMENTS:
+        assert any("{" + fragment.removeprefix("job_") + "}" in body for body in blocks().values())
+
+
+async def test_every_statement_plans_against_the_migrated_schema(
+    pg_url: str, migrated: str
+) -> None:
+    """PREPARE each block, then EXPLAIN EXECUTE it with NULL parameters: parsed, typed, planned
+    against the real tables, and never run."""
+    statements = Statements(migrated)
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        for name in sorted(statements.names()):
+            text = statements[name].decode()
+            order: list[str] = []
+
+            def number(found: re.Match[str], order: list[str] = order) -> str:
+                if found[1] not in order:
+                    order.append(found[1])
+                return f"${order.index(found[1]) + 1}"
+
+            numbered = re.sub(r"%\((\w+)\)s", number, text)
+            await conn.execute(f"PREPARE probe AS {numbered}")  # type: ignore[arg-type]
+            nulls = ", ".join(["NULL"] * len(order))
+            await conn.execute(f"EXPLAIN EXECUTE probe{f'({nulls})' if order else ''}")  # type: ignore[arg-type]
+            await conn.execute("DEALLOCATE probe")
+
+
+def _jobs(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "jobs_core.cli", "pg", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_jobs_pg_migrate_and_sql(pg_url: str, schema: str) -> None:
+    first = _jobs("migrate", "--driver", pg_url, "--schema", schema)
+    assert (first.returncode, first.stdout) == (0, "applied 0001_initial.sql\n"), first.stderr
+    again = _jobs("migrate", "--driver", pg_url, "--schema", schema)
+    assert again.stdout == f"schema '{schema}' is up to date\n"
+    printed = _jobs("sql", "--schema", "review")
+    assert printed.returncode == 0
+    assert 'CREATE TABLE "review".jobs' in printed.stdout
+    assert "{schema}" not in printed.stdout
+    refused = _jobs("migrate", "--driver", "postgresql://postgres@127.0.0.1:1/x?connect_timeout=1")
+    assert refused.returncode == 2 and "X_DRIVER_UNAVAILABLE" in refused.stderr
+
+
+async def test_the_keda_query_answers_the_largest_demand(
+    driver: PostgresDriver, pg_url: str
+) -> None:
+    await driver.enqueue_many([request(f"a{i}", queue="a") for i in range(5)])
+    await driver.enqueue_many([request(f"b{i}", queue="b") for i in range(3)])
+    await claim(driver, "b", limit=1)
+    printed = _jobs("demand-sql", "--schema", driver.schema)
+    only_b = _jobs("demand-sql", "--schema", driver.schema, "--queues", "b,it's")
+    answers: list[Any] = []
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        for output in (printed, only_b):
+            assert output.returncode == 0, output.stderr
+            cur = await conn.execute(output.stdout)  # type: ignore[arg-type]
+            answers.append((await cur.fetchone() or [None])[0])
+    assert await driver.demand() == {"a": 5, "b": 3}
+    assert answers == [5, 3]
