@@ -28,6 +28,7 @@ PINS = {
 CORE = "packages/jobs-core"
 CONFORMANCE = "conformance"
 REDIS = "packages/jobs-redis"
+PG = "packages/jobs-pg"
 
 # The OpenTelemetry SDK (with its in-memory exporter) checks the optional tracing; jobs-core
 # itself needs only the API, and only when installed with the ``otel`` extra.
@@ -46,6 +47,10 @@ nox.options.sessions = [
     "conformance-memory",
     "tests-redis",
     "conformance-redis",
+    "tests-pg",
+    "conformance-pg",
+    # Last: it restarts the PostgreSQL server.
+    "pg-restart",
 ]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
@@ -73,6 +78,7 @@ def typecheck(session: nox.Session) -> None:
         PINS["opentelemetry-api"],
     )
     session.install("-e", REDIS, PINS["redis"])
+    session.install("-e", PG)
     session.run("mypy")
 
 
@@ -106,6 +112,29 @@ def conformance_redis(session: nox.Session) -> None:
     """Run the jobs-conformance suite against the Redis driver (its tests' conftest opts in)."""
     session.install("-e", CORE, "-e", CONFORMANCE, "-e", REDIS, PINS["redis"], *TEST_DEPS)
     session.run("pytest", f"{REDIS}/tests", "-m", "conformance", "-q", *session.posargs)
+
+
+@nox.session(name="tests-pg", python=PYTHON)
+def tests_pg(session: nox.Session) -> None:
+    """Run jobs-pg's own tests against PostgreSQL at 127.0.0.1:5432 (fails if it is down)."""
+    session.install("-e", CORE, "-e", CONFORMANCE, "-e", PG, *TEST_DEPS)
+    session.run(
+        "pytest", f"{PG}/tests", "-m", "not slow and not conformance", "-q", *session.posargs
+    )
+
+
+@nox.session(name="conformance-pg", python=PYTHON)
+def conformance_pg(session: nox.Session) -> None:
+    """Run the jobs-conformance suite against the PostgreSQL driver, real SIGKILLs included."""
+    session.install("-e", CORE, "-e", CONFORMANCE, "-e", PG, *TEST_DEPS)
+    session.run("pytest", f"{PG}/tests", "-m", "conformance", "-q", *session.posargs)
+
+
+@nox.session(name="pg-restart", python=PYTHON)
+def pg_restart(session: nox.Session) -> None:
+    """Restart PostgreSQL under a running worker (jobs-pg's ``slow`` tests): run it alone."""
+    session.install("-e", CORE, "-e", CONFORMANCE, "-e", PG, *TEST_DEPS)
+    session.run("pytest", f"{PG}/tests", "-m", "slow", "-q", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -241,6 +241,31 @@ def test_bulk_retry_and_rm_of_dead_jobs_run_until_none_remain(mem: MemoryDriver)
     assert as_json(invoke(mem, "ls", "--json"))["rows"] == []
 
 
+def test_bulk_commands_show_a_bar_on_a_terminal_and_stay_quiet_under_json(
+    mem: MemoryDriver,
+) -> None:
+    async def bury(count: int) -> None:
+        reqs = [
+            EnqueueRequest("bar", "default", {}, f"k{i}", None, 1, new_id(), new_id())
+            for i in range(count)
+        ]
+        await mem.enqueue_many(reqs)
+        for claimed in await mem.claim(ClaimRequest(["default"], count, 60_000, "w1")):
+            await mem.nack(claimed.id, NackOptions(claimed.fence, dead_letter=True))
+
+    terminal = {"FORCE_COLOR": "1"}  # rich treats the output as a terminal
+    app = create_app(plugins=False, driver=mem)
+    run(mem, bury(1_500))
+    people = CliRunner().invoke(app, ["retry", "--all-dead"], env=terminal)
+    assert people.exit_code == 0, people.output
+    assert "━" in people.stdout  # the progress bar
+    assert "requeued: 1500 job(s)" in people.stdout
+
+    run(mem, bury(10))
+    scripted = CliRunner().invoke(app, ["rm", "--all-dead", "--json"], env=terminal)
+    assert json.loads(scripted.stdout) == {"affected": 10, "remaining": 0}
+
+
 def test_stats_workers_pause_and_resume(mem: MemoryDriver, checkout: Any) -> None:
     scenario(mem, checkout)
     started = datetime(2030, 1, 1, tzinfo=UTC)
@@ -518,9 +543,12 @@ FACTORY_DIST = {
         async def ping(p, step, ctx): ...
 
 
-        @task(cron="0 3 * * *", tz="Europe/Paris", name="ops.nightly")
-        def nightly(occurrence):
-            return [(ping, Ping(host="db"))]
+        nightly = task(
+            cron="0 3 * * *",
+            tz="Europe/Paris",
+            name="ops.nightly",
+            enqueue=lambda occurrence: [(ping, Ping(host="db"))],
+        )
         """
     ),
 }

@@ -840,3 +840,37 @@ async def test_actors_with_no_org_are_never_compared(driver: MemoryDriver, signu
     assert (await row(driver, ambient.id)).tenant_id == "org-b"
     assert (await row(driver, many[0].id)).tenant_id == "org-c"
     assert driver.live_count() == 3
+
+
+async def test_a_secret_field_reaches_the_body_in_clear_and_operators_see_it_masked(
+    driver: MemoryDriver, clock: ManualClock, registry: JobRegistry
+) -> None:
+    from pydantic import SecretStr
+
+    from jobs_core.introspect import get_job
+    from jobs_core.testing import run_jobs
+
+    class Login(BaseModel):
+        user: str
+        token: SecretStr
+
+    class Batch(BaseModel):
+        logins: list[Login]
+
+    seen: list[str] = []
+
+    @job(
+        input=Batch,
+        idempotency_key=lambda i: i.logins[0].user,
+        tenant="none",
+        name="secret-batch",
+        registry=registry,
+    )
+    async def body(input: Batch, step: Any, ctx: Any) -> None:
+        seen.extend(login.token.get_secret_value() for login in input.logins)
+
+    result = await body.enqueue(Batch(logins=[Login(user="ada", token=SecretStr("s3cr3t"))]))
+    view = await get_job(driver, result.id, registry=registry)
+    assert "s3cr3t" not in str(view)
+    await run_jobs(driver, clock=clock, registry=registry)
+    assert seen == ["s3cr3t"]

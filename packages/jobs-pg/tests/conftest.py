@@ -25,11 +25,12 @@ from jobs_pg import PostgresDriver
 
 pytest_plugins = ["jobs_conformance.plugin"]
 
-# Test modules import pg_helpers (a unique name: several packages' tests share one session).
+# Test modules import pg_helpers, and the worker app pg_workload (unique names: several
+# packages' tests share one session).
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "apps"))
 
 PG_URL = os.environ.get("JOBS_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-APPS = Path(__file__).parent / "apps"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -565,3 +565,21 @@ async def test_killed_pool_connections_are_unavailable_then_replaced(
     [stats] = await driver.stats()
     # Nothing half-written: every enqueue that answered ok is a row, every failed one is not.
     assert stats.ready == 1 + outcomes.count("ok")
+
+
+async def test_an_event_published_before_its_waiter_parks_still_wakes_it(
+    timed: PostgresDriver, clock: ManualClock
+) -> None:
+    """The window between a waiting step's last look and its park: the publish marks the
+    running row, and the park makes it due now instead of at the 15-minute backstop."""
+    result = await timed.enqueue(request("k"))
+    [job] = await claim(timed)
+    record = StepRecord("wait", "waiting", started_at=clock.now(), event="paid")
+    await timed.steps.write(StepWrite(job.id, job.fence, job.run_id, record))
+    await timed.events.publish(PublishRequest("paid", {"any": 1}, None, 60_000))
+    assert await timed.nack(job.id, NackOptions(job.fence, park=True, delay_ms=900_000))
+    assert (await info(timed, result.id)).run_at == clock.now()
+    [again] = await claim(timed)
+    # The next park, with no event in between, waits its delay again.
+    assert await timed.nack(again.id, NackOptions(again.fence, park=True, delay_ms=900_000))
+    assert (await info(timed, result.id)).run_at == clock.now() + timedelta(seconds=900)

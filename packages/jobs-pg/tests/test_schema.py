@@ -44,7 +44,7 @@ DECLARED_TABLES = {
         "id uuid!, seq int8!, name text!, queue text!, input jsonb!, idempotency_key text!,"
         "tenant_id text, run_id uuid!, state text!, attempts int4!, max_attempts int4!,"
         "run_at timestamptz!, visible_at timestamptz, claimed_by text, claim int4!,"
-        "last_error text, last_error_code text, last_error_stack text, result jsonb,"
+        "wake_pending bool!, last_error text, last_error_code text, last_error_stack text, result jsonb,"
         "progress jsonb, traceparent text, enqueued_by text, created_at timestamptz!,"
         "updated_at timestamptz!"
     ),

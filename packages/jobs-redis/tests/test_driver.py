@@ -885,6 +885,39 @@ async def test_wake_hears_due_enqueues_nacks_and_resumes(driver: RedisDriver) ->
     assert heard == ["default", "q2", "q2", "q3"]
 
 
+async def test_concurrent_enqueuers_of_one_key_make_one_live_row(
+    redis_url: str, prefix: str
+) -> None:
+    """FIELD-FAILURES C27: 20 enqueuers of one key at once, each on its own connection."""
+    drivers = [RedisDriver(redis_url, prefix=prefix) for _ in range(20)]
+    results = await asyncio.gather(*(d.enqueue(request("K")) for d in drivers))
+    assert len({r.id for r in results}) == 1
+    assert sum(not r.deduped for r in results) == 1
+    [job] = await claim(drivers[0])
+    # Running, the key is still held; finished, it is free again.
+    assert (await drivers[1].enqueue(request("K"))).id == job.id
+    assert await drivers[0].nack(job.id, NackOptions(job.fence, delay_ms=60_000))
+    assert (await drivers[2].enqueue(request("K"))).id == job.id
+    for d in drivers:
+        await d.close()
+
+
+async def test_one_driver_serves_several_event_loops(driver: RedisDriver) -> None:
+    """A sync caller's enqueue runs on a fresh loop each time (asyncio.run), in any thread."""
+
+    def on_a_fresh_loop(key: str) -> EnqueueResult:
+        return asyncio.run(driver.enqueue(request(key)))
+
+    first = await asyncio.to_thread(on_a_fresh_loop, "a")
+    second = await asyncio.to_thread(on_a_fresh_loop, "b")
+    here = await driver.enqueue(request("c"))
+    assert not any(r.deduped for r in (first, second, here))
+    assert [j.id for j in await claim(driver)] == [first.id, second.id, here.id]
+    # The finished loops' clients are dropped once another loop's client is built.
+    await asyncio.to_thread(on_a_fresh_loop, "d")
+    assert len(driver._conn._clients) <= 2
+
+
 # --- close -----------------------------------------------------------------------------------
 
 

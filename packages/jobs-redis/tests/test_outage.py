@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from conftest import Throwaway
 from jobs_core import JobRegistry, JobState, Retry, Worker, job, use_driver
 from jobs_core.errors import DriverRequestInvalidError, DriverUnavailableError
 from jobs_core.types import ClaimRequest
-from jobs_redis import RedisDriver
+from jobs_redis import RedisDriver, RedisWakeSource
 from redis_helpers import claim, eventually, request
 
 
@@ -228,4 +229,35 @@ async def test_claim_request_is_refused_before_any_server_contact(throwaway: Thr
     driver = RedisDriver(throwaway.url, prefix="x")
     with pytest.raises(DriverRequestInvalidError):
         await driver.claim(ClaimRequest([], 1, 1_000, "w"))
+    await driver.close()
+
+
+async def test_a_frozen_server_is_refused_after_the_command_timeout_and_the_wake_recovers(
+    throwaway: Throwaway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGSTOP the server: sockets stay open and nothing answers (a half-open connection)."""
+    caplog.set_level(logging.INFO, logger="jobs.redis")
+    driver = await RedisDriver.connect(throwaway.url, prefix="frozen", command_timeout="500ms")
+    wake = RedisWakeSource(driver._s, ping_s=0.3)
+    heard: list[str] = []
+    unsubscribe = await wake.subscribe(heard.append)
+    assert wake.healthy
+    assert throwaway.proc is not None
+    throwaway.proc.send_signal(signal.SIGSTOP)
+    try:
+        started = time.perf_counter()
+        with pytest.raises(DriverUnavailableError):
+            await driver.enqueue(request("frozen"))
+        assert time.perf_counter() - started < 1.5
+        # No error reaches a silent subscription: only the unanswered PING shows it is dead.
+        await eventually(lambda: _true(not wake.healthy), timeout=5)
+    finally:
+        throwaway.proc.send_signal(signal.SIGCONT)
+    await eventually(lambda: _true(wake.healthy), timeout=10)
+    heard.clear()
+    await driver.enqueue(request("after"))
+    await eventually(lambda: _true("default" in heard), timeout=5)
+    events = [r.getMessage() for r in caplog.records]
+    assert events.count("jobs.wake.lost") == 1 and "jobs.wake.live" in events
+    await unsubscribe()
     await driver.close()

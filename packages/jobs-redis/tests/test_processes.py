@@ -101,11 +101,10 @@ async def test_four_worker_processes_run_ten_thousand_rows_exactly_once(
         )
 
 
-KILL_POINTS = [
-    (point, step)
-    for step in ("charge", "ship", "notify")
-    for point in ("before", "returned", "persisted")
-]
+# Every boundary of every step is killed by the conformance suite's crash-proof tests (through
+# crash_worker_command); these check the three boundaries of a middle step against an exact
+# effect log, and count the effects themselves.
+KILL_POINTS = [("before", "ship"), ("returned", "ship"), ("persisted", "ship")]
 
 
 @pytest.mark.parametrize(("point", "step"), KILL_POINTS)

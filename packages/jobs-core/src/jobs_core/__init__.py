@@ -24,6 +24,7 @@ from jobs_core.errors import JobsError, classify
 from jobs_core.events import events_purge_target, publish_event, reset_event_bus
 from jobs_core.job import REGISTRY, JobHandle, JobRegistry, Settled, job
 from jobs_core.limits import Concurrency, Limits
+from jobs_core.metrics import JobsMetrics
 from jobs_core.outbox import (
     MemoryOutboxStore,
     MemoryTransaction,
@@ -84,6 +85,7 @@ __all__ = [
     "JobRegistry",
     "JobState",
     "JobsError",
+    "JobsMetrics",
     "LeaseStore",
     "Limits",
     "MemoryOutboxStore",

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.text import Text
 
 from jobs_core import REGISTRY, JobDriver, JobsError, Worker, install_driver, open_driver
-from jobs_core.driver import OutboxStore, capability
+from jobs_core.driver import Migratable, OutboxStore, capability
 from jobs_core.errors import JobOptionsInvalidError, NotImplementedByDriverError
 from jobs_core.metrics import JobsMetrics, MetricsServer
 from jobs_core.outbox import Relay, installed_outbox
@@ -634,6 +634,8 @@ def demo(
 
     async def main() -> bool:
         try:
+            if isinstance(opened, Migratable):
+                await opened.migrate()
             return await run_demo(opened, console)
         finally:
             await opened.close()
@@ -813,7 +815,7 @@ def create_app(*, plugins: bool = True, driver: JobDriver | None = None) -> type
     """
     app = typer.Typer(
         name="jobs",
-        help="Durable background jobs: run workers, and the guided demo.",
+        help="Durable background jobs: run workers, operate queues and jobs, and the guided demo.",
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,

@@ -585,6 +585,19 @@ class CounterStore(Protocol):
         ...
 
 
+@runtime_checkable
+class Migratable(Protocol):
+    """A driver whose backend needs its schema applied before first use (pg).
+
+    Production applies it as a deploy step (``jobs pg migrate``); tools that set up a backend
+    themselves (the demo) call :meth:`migrate` when the driver has it.
+    """
+
+    async def migrate(self) -> list[str]:
+        """Apply what the backend lacks (safe to call concurrently); answer what was applied."""
+        ...
+
+
 def capability(driver: JobDriver, name: str) -> Any | None:
     """Answer the store a driver carries for capability ``name``, or ``None`` if undeclared.
 

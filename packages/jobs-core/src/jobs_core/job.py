@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar, cast
 from uuid import UUID
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import SecretStr, TypeAdapter, ValidationError
 
 from jobs_core._current import current_driver, run_sync
 from jobs_core._durations import Duration, duration_problem, parse_duration
@@ -255,7 +255,12 @@ class JobHandle(Generic[I, R]):
         """
         parsed = self.parse_input(input)
         try:
-            stored = to_json_form(self.adapter.dump_python(parsed, mode="json"))
+            stored = to_json_form(
+                _reveal_secrets(
+                    self.adapter.dump_python(parsed, mode="json"),
+                    self.adapter.dump_python(parsed, mode="python"),
+                )
+            )
         except NotJSONError as exc:
             raise JobInputInvalidError(
                 f"input of {self.name} has no JSON form at {exc.path}: {exc.reason}",
@@ -586,6 +591,26 @@ class JobHandle(Generic[I, R]):
         from jobs_core.execute import run_inline
 
         return cast(R, await run_inline(self, input, current_driver()))
+
+
+def _reveal_secrets(dumped: Any, live: Any) -> Any:
+    """Put the clear value of every ``SecretStr`` back into a JSON-mode dump.
+
+    Pydantic's JSON mode masks secrets as ``"**********"``; the stored row must carry the real
+    value or the body would receive the mask. Operators never see it: the operator surface
+    redacts secrets when it shows a row. ``live`` is the python-mode dump of the same value, whose
+    shape matches ``dumped`` item for item.
+    """
+    if isinstance(live, SecretStr):
+        return live.get_secret_value()
+    if isinstance(dumped, dict) and isinstance(live, dict):
+        return {
+            key: _reveal_secrets(value, original)
+            for (key, value), original in zip(dumped.items(), live.values(), strict=False)
+        }
+    if isinstance(dumped, list) and isinstance(live, list | tuple):
+        return [_reveal_secrets(v, o) for v, o in zip(dumped, live, strict=False)]
+    return dumped
 
 
 def _issue_text(issues: Sequence[Any]) -> str:

@@ -519,12 +519,12 @@ class Worker:
             self._env.draining = True
         self._draining_at = self.clock.now()
         self._wake.set()
-        # Operators and autoscalers see the drain at once, not a heartbeat later.
-        await self._register()
-        await self._refresh_metrics()
         for held in list(self._held.values()):
             held.attempt.stop(DrainingError("the worker is draining"), abort_writes=False)
         tasks = [h.task for h in self._held.values() if h.task is not None]
+        # Operators and autoscalers see the drain at once, not a heartbeat later.
+        await self._register()
+        await self._refresh_metrics()
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=self.drain_timeout_ms / 1000)
             if pending:

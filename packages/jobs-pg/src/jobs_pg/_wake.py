@@ -155,17 +155,17 @@ class PgWakeSource:
         Raises:
             Exception: whatever ended it (a connection error, or a probe that never came back).
         """
-        conn = await psycopg.AsyncConnection.connect(
-            self._conninfo,
-            autocommit=True,
-            connect_timeout=5,
-            # Keepalives let the kernel notice a dead peer too; the probe covers what they miss.
-            keepalives=1,
-            keepalives_idle=10,
-            keepalives_interval=5,
-            keepalives_count=3,
+        # Keepalives let the kernel notice a dead peer too; the probe covers what they miss.
+        options: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": 5,
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
             **application_name(self._conninfo, f"jobs-pg:{self._db.schema}:wake"),
-        )
+        }
+        conn = await psycopg.AsyncConnection.connect(self._conninfo, **options)
         reader: asyncio.Task[None] | None = None
         try:
             for channel in (self._channel, self._probe_channel):

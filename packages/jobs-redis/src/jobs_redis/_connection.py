@@ -11,8 +11,9 @@ Design notes (the alternatives that were rejected):
 * **One client per event loop.** redis-py's asyncio connections belong to the loop that opened
   them. A sync caller's ``enqueue_sync`` runs each call on a fresh loop, and the conformance suite
   drives drivers from several threads, so a single shared client would be handed sockets of a
-  closed loop. The clients are kept in a ``WeakKeyDictionary`` so a finished loop's client goes
-  with it.
+  closed loop. A closed loop's client is dropped when the next loop's client is built (a
+  ``WeakKeyDictionary`` was rejected: the client's connections hold their loop, so the entries
+  would never go).
 * **A server's own error reply passes through** (``redis.exceptions.ResponseError``): it says
   something is wrong with the request or the server's state (``OOM``, ``READONLY``), not that the
   server is away, and retrying the call elsewhere would not help.
@@ -21,7 +22,6 @@ Design notes (the alternatives that were rejected):
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,9 +58,7 @@ class Connection:
         self.url = url
         self._connect_timeout_s = connect_timeout_s
         self._command_timeout_s = command_timeout_s
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._clients: dict[asyncio.AbstractEventLoop, aioredis.Redis] = {}
         self.closed = False
 
     def client(self) -> aioredis.Redis:
@@ -74,6 +72,8 @@ class Connection:
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
+            for gone in [other for other in self._clients if other.is_closed()]:
+                del self._clients[gone]
             client = aioredis.Redis.from_url(
                 self.url,
                 decode_responses=True,

@@ -125,6 +125,7 @@ claimed AS (
     SET state = 'running',
         claimed_by = %(worker)s,
         claim = j.claim + 1,
+        wake_pending = false,
         attempts = j.attempts + CASE WHEN r.lapsed THEN 1 ELSE 0 END,
         visible_at = {now} + %(lease_ms)s * interval '1 millisecond',
         updated_at = {now}
@@ -193,8 +194,9 @@ SELECT id FROM done
 
 -- name: nack
 -- Settles one row in the state nack_state() chose, fenced like ack. A row settled ready, delayed
--- or suspended is due at now + delay_ms and wakes its queue when that is within a second; the
--- counters gain retried, failed or dead in the same statement.
+-- or suspended is due at now + delay_ms and wakes its queue when that is within a second; a park
+-- whose run an event woke while it was still running (wake_pending) is due now. The counters
+-- gain retried, failed or dead in the same statement.
 WITH settled AS (
     UPDATE {schema}.jobs j
     SET state = %(state)s,
@@ -202,9 +204,11 @@ WITH settled AS (
         last_error = CASE WHEN %(has_error)s THEN %(error)s ELSE j.last_error END,
         last_error_code = CASE WHEN %(has_error)s THEN %(error_code)s ELSE j.last_error_code END,
         last_error_stack = CASE WHEN %(has_error)s THEN %(error_stack)s ELSE j.last_error_stack END,
-        run_at = CASE WHEN %(state)s IN ('ready', 'delayed', 'suspended')
+        run_at = CASE WHEN %(state)s = 'suspended' AND j.wake_pending THEN {now}
+                      WHEN %(state)s IN ('ready', 'delayed', 'suspended')
                       THEN {now} + %(delay_ms)s * interval '1 millisecond'
                       ELSE j.run_at END,
+        wake_pending = false,
         updated_at = {now}
     WHERE j.id = %(id)s AND j.state = 'running' AND j.claimed_by = %(worker)s
       AND j.claim = %(claim)s
@@ -605,8 +609,11 @@ ORDER BY acquired_at, slot
 
 -- name: event_publish
 -- Stores an event and, in the same statement, makes every suspended run with a matching waiting
--- step due now and wakes their queues (a rollback undoes all three). A step's match holds when
--- every key of it is a top-level key of the payload with an equal JSON value.
+-- step due now and wakes their queues (a rollback undoes all three). A matching run that is still
+-- running (it wrote its waiting step and has not parked yet) gets wake_pending instead, which its
+-- park honours: the row lock orders the two statements, so the event is never missed until the
+-- backstop. A step's match holds when every key of it is a top-level key of the payload with an
+-- equal JSON value.
 WITH event AS (
     INSERT INTO {schema}.events (id, name, payload, correlation_key, published_at, expires_at)
     VALUES (%(id)s, %(name)s, %(payload)s::jsonb, %(correlation_key)s, {now},
@@ -615,9 +622,10 @@ WITH event AS (
 ),
 woken AS (
     UPDATE {schema}.jobs j
-    SET run_at = {now}, updated_at = {now}
-    WHERE j.state = 'suspended'
-      AND j.run_at > {now}
+    SET run_at = CASE WHEN j.state = 'suspended' THEN {now} ELSE j.run_at END,
+        wake_pending = j.state = 'running',
+        updated_at = {now}
+    WHERE ((j.state = 'suspended' AND j.run_at > {now}) OR j.state = 'running')
       AND j.run_id IN (
           SELECT s.run_id FROM {schema}.job_steps s
           WHERE s.event = %(name)s AND s.status = 'waiting'
@@ -627,10 +635,10 @@ woken AS (
                    OR (%(payload)s::jsonb -> m.key) IS DISTINCT FROM m.value
             ))
       )
-    RETURNING j.queue
+    RETURNING j.queue, j.state
 ),
 notified AS (
-    SELECT {schema}.wake(array(SELECT DISTINCT queue FROM woken)) AS n
+    SELECT {schema}.wake(array(SELECT DISTINCT queue FROM woken WHERE state = 'suspended')) AS n
 )
 SELECT e.id, e.name, e.payload, e.correlation_key, e.published_at, e.expires_at,
        (SELECT n FROM notified)

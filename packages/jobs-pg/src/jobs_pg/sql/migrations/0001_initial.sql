@@ -5,7 +5,9 @@
 
 -- Job rows. ``attempts`` counts SPENT attempts (a claim hands out attempt attempts + 1);
 -- ``claim`` is the claim ordinal every settle is fenced on; ``seq`` breaks ``run_at`` ties in
--- insertion order; ``visible_at`` is a running row's lease expiry.
+-- insertion order; ``visible_at`` is a running row's lease expiry; ``wake_pending`` records an
+-- event published for a waiting step while its run was still running, so the park that follows
+-- makes the run due at once instead of at the backstop.
 CREATE TABLE {schema}.jobs (
     id uuid PRIMARY KEY,
     seq bigint GENERATED ALWAYS AS IDENTITY,
@@ -22,6 +24,7 @@ CREATE TABLE {schema}.jobs (
     visible_at timestamptz,
     claimed_by text,
     claim integer NOT NULL DEFAULT 0,
+    wake_pending boolean NOT NULL DEFAULT false,
     last_error text,
     last_error_code text,
     last_error_stack text,
