@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -28,47 +26,7 @@ from jobs_core import Worker, use_driver
 from jobs_core.outbox import Relay, use_outbox
 from jobs_core.types import JobState
 from jobs_pg import PostgresDriver, transaction
-from pg_helpers import info, until
-
-APPS = Path(__file__).parent / "apps"
-
-
-class Fleet:
-    """Worker subprocesses over one schema, and the executions they recorded."""
-
-    def __init__(self, url: str, logs: Path) -> None:
-        self.url = url
-        self.logs = logs
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, queue: str, *options: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "PG_WORKLOAD_LOG": str(self.logs), "PYTHONPATH": str(APPS)}
-        argv = [sys.executable, "-m", "jobs_core.cli", "worker", "pg_workload"]
-        argv += ["--driver", self.url, "--queues", queue, "--log-level", "warning", *options]
-        out = (self.logs / f"worker{len(self.procs)}.out").open("wb")
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        return proc
-
-    def lines(self, kind: str) -> list[list[str]]:
-        found = []
-        for path in self.logs.glob("*.log"):
-            for line in path.read_text().splitlines():
-                fields = line.split()
-                if len(fields) > 1 and fields[1] == kind:
-                    found.append(fields)
-        return found
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+from pg_helpers import APPS, Fleet, info, until
 
 
 @pytest.fixture

@@ -44,8 +44,8 @@ DECLARED_TABLES = {
         "id uuid!, seq int8!, name text!, queue text!, input jsonb!, idempotency_key text!,"
         "tenant_id text, run_id uuid!, state text!, attempts int4!, max_attempts int4!,"
         "run_at timestamptz!, visible_at timestamptz, claimed_by text, claim int4!,"
-        "wake_pending bool!, last_error text, last_error_code text, last_error_stack text, result jsonb,"
-        "progress jsonb, traceparent text, enqueued_by text, created_at timestamptz!,"
+        "wake_pending bool!, last_error text, last_error_code text, last_error_stack text,"
+        "result jsonb, progress jsonb, traceparent text, enqueued_by text, created_at timestamptz!,"
         "updated_at timestamptz!"
     ),
     "leases": (
@@ -226,3 +226,16 @@ async def test_the_keda_query_answers_the_largest_demand(
             answers.append((await cur.fetchone() or [None])[0])
     assert await driver.demand() == {"a": 5, "b": 3}
     assert answers == [5, 3]
+
+
+def test_the_demo_runs_on_postgres(url: str) -> None:
+    """``jobs demo --driver postgresql://…`` migrates the schema itself and tells the story."""
+    demo = subprocess.run(
+        [sys.executable, "-m", "jobs_core.cli", "demo", "--driver", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "checks held" in demo.stdout and "failed" not in demo.stdout

@@ -604,11 +604,15 @@ def error_code(error: BaseException) -> str | None:
 def classification_of(error: BaseException) -> Classification:
     """Answer how the queue treats ``error`` raised by a job body.
 
-    Pydantic ``ValidationError``, ``PermissionError`` and registered terminal codes are terminal;
+    An error whose ``meta["terminal"]`` is ``True`` (a retry could only fail the same way),
+    pydantic ``ValidationError``, ``PermissionError`` and registered terminal codes are terminal;
     a ``retry_after`` code needs ``meta["retry_after_seconds"]``; anything else retries.
     """
     from pydantic import ValidationError
 
+    meta = getattr(error, "meta", None)
+    if isinstance(meta, dict) and meta.get("terminal") is True:
+        return "terminal"
     code = error_code(error)
     if code is not None and code in _CLASSIFIED:
         return _CLASSIFIED[code]

@@ -62,8 +62,16 @@ async def publish_event(
             payload with no JSON form.
         NotImplementedByDriverError: ``X_NOT_IMPLEMENTED`` with no event bus.
     """
-    if not isinstance(name, str) or not name:
-        raise JobOptionsInvalidError("name: an event needs a non-empty name", option="name")
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise JobOptionsInvalidError(
+            "name: an event needs a non-empty name without U+0000", option="name"
+        )
+    if correlation_key is not None and (
+        not isinstance(correlation_key, str) or "\x00" in correlation_key
+    ):
+        raise JobOptionsInvalidError(
+            "correlation_key: must be text without U+0000", option="correlation_key"
+        )
     try:
         ttl_ms = parse_duration(ttl, field="ttl")
         body = to_json_form(payload)

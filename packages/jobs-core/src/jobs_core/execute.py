@@ -21,16 +21,15 @@ lost its claim (cancel, lapse)      untouched (someone else owns it) — ``lost`
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import inspect
 import logging
-from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, cast
 
+from jobs_core._threads import run_in_thread
 from jobs_core.clock import SYSTEM_CLOCK, Clock
 from jobs_core.context import CancelSignal, JobContext, JobLogger
 from jobs_core.driver import EventBus, JobDriver, LeaseRequest, LeaseStore, capability
@@ -91,8 +90,6 @@ class AttemptEnv:
         driver: the driver rows come from.
         registry: the jobs this process knows.
         clock: the worker's clock.
-        step_executor: threads for sync step functions.
-        body_executor: threads for sync bodies.
         visibility_timeout_ms: the lease each claim buys (fleet slots expire with it too).
         draining: ``True`` once the worker drains (an unwinding body is then interrupted).
     """
@@ -100,8 +97,6 @@ class AttemptEnv:
     driver: JobDriver
     registry: JobRegistry
     clock: Clock
-    step_executor: Executor
-    body_executor: Executor
     visibility_timeout_ms: int
     draining: bool = False
     events: EventBus | None = field(init=False)
@@ -125,6 +120,8 @@ class Attempt:
         lost: set when a heartbeat found the claim gone.
         result: the body's return value once it completed.
         error: the failure the row was settled with, once it was.
+        settled: set once the row's settle landed or was refused (the attempt no longer owns it;
+            a heartbeat answering ``False`` afterwards is not a lost lease).
     """
 
     job: ClaimedJob
@@ -132,6 +129,7 @@ class Attempt:
     runner: StepRunner | None = None
     slot: LeaseRequest | None = None
     lost: bool = False
+    settled: bool = False
     result: Any = None
     error: ErrorInfo | None = None
 
@@ -224,7 +222,6 @@ async def _run(
         records=records,
         cancel=attempt.cancel,
         clock=env.clock,
-        executor=env.step_executor,
         events=env.events,
         step_timeout_ms=handle.step_timeout_ms,
         event_poll_ms=handle.event_poll_ms,
@@ -275,7 +272,9 @@ async def _run(
         )
         stored = None
     settle = Settle(job.fence, result=stored, duration_ms=(env.clock.monotonic() - started) * 1000)
-    return "completed" if await env.driver.ack(job.id, settle) else _lost(job, "ack")
+    landed = await env.driver.ack(job.id, settle)
+    attempt.settled = True
+    return "completed" if landed else _lost(job, "ack")
 
 
 async def call_body(
@@ -296,11 +295,11 @@ async def call_body(
     loop = asyncio.get_running_loop()
     with acting_as(Actor(id=f"job:{handle.name}", org_id=tenant)):
         if handle.is_async:
-            pending: asyncio.Future[Any] = asyncio.ensure_future(handle.body(value, runner, ctx))
+            pending: asyncio.Future[Any] = asyncio.ensure_future(
+                _guarded(handle.body(value, runner, ctx))
+            )
         else:
-            step = SyncStep(runner, loop)
-            call = functools.partial(contextvars.copy_context().run, handle.body, value, step, ctx)
-            pending = loop.run_in_executor(env.body_executor, call)
+            pending = run_in_thread(_guarded_sync, handle.body, value, SyncStep(runner, loop), ctx)
     done, _ = await asyncio.wait(
         {pending}, timeout=None if timeout_ms is None else timeout_ms / 1000
     )
@@ -311,6 +310,35 @@ async def call_body(
         pending.add_done_callback(functools.partial(_abandoned, handle.name, ctx.job_id))
         raise error
     return pending.result()
+
+
+class BodyExitError(Exception):
+    """A body raised ``SystemExit``, ``KeyboardInterrupt`` or another non-``Exception``.
+
+    Such an error must fail the attempt, not the worker process that runs other jobs too.
+    """
+
+
+def _exit_error(exc: BaseException) -> BodyExitError:
+    return BodyExitError(f"the body raised {type(exc).__name__}: {exc}")
+
+
+async def _guarded(body: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        return await body
+    except (asyncio.CancelledError, StepSuspended, UnwindReached, Exception):
+        raise
+    except BaseException as exc:
+        raise _exit_error(exc) from None
+
+
+def _guarded_sync(body: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return body(*args)
+    except (StepSuspended, UnwindReached, Exception):
+        raise
+    except BaseException as exc:
+        raise _exit_error(exc) from None
 
 
 def _abandoned(name: str, job_id: Any, _future: asyncio.Future[Any]) -> None:
@@ -443,7 +471,9 @@ async def _settle(
 ) -> Outcome:
     """Nack fenced on the attempt's claim; answer ``outcome``, or ``lost`` if the fence failed."""
     job = attempt.job
-    if not await env.driver.nack(job.id, opts):
+    landed = await env.driver.nack(job.id, opts)
+    attempt.settled = True
+    if not landed:
         return _lost(job, outcome)
     attempt.error = opts.error
     return outcome
@@ -531,8 +561,7 @@ async def _call_hook(env: AttemptEnv, hook: Callable[[Settled], Any], settled: S
     if inspect.iscoroutinefunction(hook):
         await hook(settled)
         return
-    call = functools.partial(contextvars.copy_context().run, hook, settled)
-    result = await asyncio.get_running_loop().run_in_executor(env.step_executor, call)
+    result = await run_in_thread(hook, settled)
     if inspect.isawaitable(result):
         await result
 
@@ -545,44 +574,39 @@ async def run_inline(handle: JobHandle[Any, Any], input: Any, driver: JobDriver)
     value = handle.parse_input(input)
     tenant = handle.tenant_of(value)
     run_id = new_id()
-    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="jobs-inline") as pool:
-        env = AttemptEnv(driver, handle.registry, _clock_of(driver), pool, pool, 30_000)
-        attempt_no = 1
-        while True:
-            cancel = CancelSignal()
-            runner = StepRunner(
-                store=driver.steps,
-                job_id=None,
-                fence=None,
-                run_id=run_id,
-                job_name=handle.name,
-                records=await driver.steps.load(run_id),
-                cancel=cancel,
-                clock=env.clock,
-                executor=pool,
-                events=env.events,
-                step_timeout_ms=handle.step_timeout_ms,
-                event_poll_ms=handle.event_poll_ms,
-                compensates=handle.compensates,
-            )
-            ctx = JobContext(
-                job_id=None,
-                run_id=run_id,
-                name=handle.name,
-                queue=handle.queue,
-                attempt=attempt_no,
-                final_attempt=True,
-                tenant_id=tenant,
-                cancel=cancel,
-                log=JobLogger(
-                    logging.getLogger(f"jobs.job.{handle.name}"), {"run_id": str(run_id)}
-                ),
-            )
-            try:
-                return await call_body(env, handle, value, runner, ctx, tenant, handle.timeout_ms)
-            except StepSuspended as suspended:
-                now = await driver.steps.now()
-                await asyncio.sleep(max(0.0, (suspended.wake_at - now).total_seconds()))
+    env = AttemptEnv(driver, handle.registry, _clock_of(driver), 30_000)
+    while True:
+        cancel = CancelSignal()
+        runner = StepRunner(
+            store=driver.steps,
+            job_id=None,
+            fence=None,
+            run_id=run_id,
+            job_name=handle.name,
+            records=await driver.steps.load(run_id),
+            cancel=cancel,
+            clock=env.clock,
+            events=env.events,
+            step_timeout_ms=handle.step_timeout_ms,
+            event_poll_ms=handle.event_poll_ms,
+            compensates=handle.compensates,
+        )
+        ctx = JobContext(
+            job_id=None,
+            run_id=run_id,
+            name=handle.name,
+            queue=handle.queue,
+            attempt=1,
+            final_attempt=True,
+            tenant_id=tenant,
+            cancel=cancel,
+            log=JobLogger(logging.getLogger(f"jobs.job.{handle.name}"), {"run_id": str(run_id)}),
+        )
+        try:
+            return await call_body(env, handle, value, runner, ctx, tenant, handle.timeout_ms)
+        except StepSuspended as suspended:
+            now = await driver.steps.now()
+            await asyncio.sleep(max(0.0, (suspended.wake_at - now).total_seconds()))
 
 
 def _clock_of(driver: JobDriver) -> Clock:

@@ -15,11 +15,8 @@ Suspension and the unwind marker derive from :class:`BaseException` so that a bo
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import functools
 import inspect
 from collections.abc import Callable, Mapping
-from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -28,6 +25,7 @@ from uuid import UUID
 from pydantic import TypeAdapter, ValidationError
 
 from jobs_core._durations import Duration, parse_duration
+from jobs_core._threads import run_in_thread
 from jobs_core.clock import Clock
 from jobs_core.context import CancelSignal
 from jobs_core.driver import EventBus, EventQuery, StepStore
@@ -138,7 +136,6 @@ class StepRunner:
         records: list[StepRecord],
         cancel: CancelSignal,
         clock: Clock,
-        executor: Executor | None,
         events: EventBus | None,
         step_timeout_ms: int | None = None,
         event_poll_ms: int | None = None,
@@ -153,7 +150,6 @@ class StepRunner:
         self._records: dict[str, StepRecord] = {r.name: r for r in records}
         self._cancel = cancel
         self._clock = clock
-        self._executor = executor
         self._events = events
         self._step_timeout_ms = step_timeout_ms
         self._event_poll_ms = event_poll_ms
@@ -296,7 +292,7 @@ class StepRunner:
         name: str,
         event: str,
         *,
-        schema: Any,
+        schema: Any = None,
         match: Mapping[str, JSONValue] | None = None,
         timeout: Duration | None = None,
         required: bool = False,
@@ -326,6 +322,7 @@ class StepRunner:
         """
         self._claim_name(name)
         adapter = _event_adapter(name, schema)
+        _check_event_names(name, event, correlation_key)
         record = self._records.get(name)
         if record is not None and record.status == "completed":
             return self._event_answer(name, adapter, record.output, required)
@@ -417,7 +414,10 @@ class StepRunner:
     ) -> Any:
         if output is None:
             if required:
-                raise JobTimeoutError(f"wait_for_event {name!r} timed out", step=name)
+                # Terminal: a replay meets the same recorded timeout, so a retry cannot help.
+                raise JobTimeoutError(
+                    f"wait_for_event {name!r} timed out", step=name, terminal=True
+                )
             return None
         try:
             return adapter.validate_python(output["payload"])
@@ -474,9 +474,14 @@ class StepRunner:
         return suspension
 
     def _claim_name(self, name: str) -> None:
-        if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME:
+        if self.suspension is not None:
+            # The body swallowed a suspension and went on: later steps must not run before the
+            # park they come after has ended.
+            raise self.suspension
+        if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME or "\x00" in name:
             raise StepNameInvalidError(
-                f"step name {name!r} must be non-empty text of at most {MAX_STEP_NAME} characters"
+                f"step name {name!r} must be non-empty text of at most {MAX_STEP_NAME} "
+                "characters without U+0000"
             )
         if name == UNWINDING or name.startswith(COMPENSATE_PREFIX):
             raise StepNameInvalidError(f"step name {name!r} is reserved", step=name)
@@ -523,12 +528,10 @@ class StepRunner:
         timeout_ms: int | None,
     ) -> Any:
         kwargs = {"cancel": signal} if _accepts_cancel(fn) else {}
-        loop = asyncio.get_running_loop()
         if inspect.iscoroutinefunction(fn):
             pending: asyncio.Future[Any] = asyncio.ensure_future(fn(*args, **kwargs))
         else:
-            call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-            pending = loop.run_in_executor(self._executor, call)
+            pending = run_in_thread(fn, *args, **kwargs)
         timeout = None if timeout_ms is None else timeout_ms / 1000
         done, _ = await asyncio.wait({pending}, timeout=timeout)
         if not done:
@@ -614,6 +617,23 @@ def _duration_ms(value: object) -> int:
         return parse_duration(value, field="duration")  # type: ignore[arg-type]
     except ValueError as exc:
         raise JobOptionsInvalidError(str(exc)) from None
+
+
+def _check_event_names(step: str, event: object, correlation_key: object) -> None:
+    if not isinstance(event, str) or not event or "\x00" in event:
+        raise JobOptionsInvalidError(
+            f"wait_for_event {step!r}: the event name must be non-empty text without U+0000",
+            option="event",
+            step=step,
+        )
+    if correlation_key is not None and (
+        not isinstance(correlation_key, str) or "\x00" in correlation_key
+    ):
+        raise JobOptionsInvalidError(
+            f"wait_for_event {step!r}: correlation_key must be text without U+0000",
+            option="correlation_key",
+            step=step,
+        )
 
 
 def _event_adapter(step: str, schema: Any) -> TypeAdapter[Any]:

@@ -21,7 +21,6 @@ import signal
 import socket
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import islice
@@ -162,7 +161,7 @@ class Worker:
         self._draining_at: datetime | None = None
         self._abandoned = False
         self._gate = LimitGate(limits, self.clock) if limits is not None else None
-        self._held: dict[UUID, _Held] = {}
+        self._held: dict[tuple[UUID, int], _Held] = {}
         self._wake = asyncio.Event()
         self._stopping = False
         self._drained = asyncio.Event()
@@ -238,11 +237,7 @@ class Worker:
         """
         self._check_enforceable()
         loop = asyncio.get_running_loop()
-        body_pool = ThreadPoolExecutor(self.capacity, thread_name_prefix="jobs-body")
-        step_pool = ThreadPoolExecutor(self.capacity + 4, thread_name_prefix="jobs-step")
-        self._env = AttemptEnv(
-            self.driver, self.registry, self.clock, step_pool, body_pool, self.visibility_timeout_ms
-        )
+        self._env = AttemptEnv(self.driver, self.registry, self.clock, self.visibility_timeout_ms)
         unsubscribe = None
         wake = capability(self.driver, "wake")
         if wake is not None:
@@ -272,8 +267,6 @@ class Worker:
             await self._unregister()
             if unsubscribe is not None:
                 await unsubscribe()
-            body_pool.shutdown(wait=False, cancel_futures=True)
-            step_pool.shutdown(wait=False, cancel_futures=True)
             self._finished.set()
 
     def _on_wake(self, queue: str) -> None:
@@ -329,7 +322,7 @@ class Worker:
 
     def _start(self, job: ClaimedJob) -> None:
         held = _Held(Attempt(job), last_landed=self.clock.monotonic())
-        self._held[job.id] = held
+        self._held[(job.id, job.claim)] = held
         self._max_in_flight = max(self._max_in_flight, len(self._held))
         held.task = asyncio.get_running_loop().create_task(self._attempt(held))
 
@@ -367,7 +360,7 @@ class Worker:
             held.settled = True
             if admitted and self._gate is not None:
                 self._gate.release(job.queue, job.tenant_id)
-            self._held.pop(job.id, None)
+            self._held.pop((job.id, job.claim), None)
             self._outcomes[outcome] += 1
             if self.metrics is not None:
                 self.metrics.attempt(job.queue, job.name, outcome, self.clock.monotonic() - started)
@@ -388,7 +381,8 @@ class Worker:
             await asyncio.sleep(self.heartbeat_ms / 1000)
             held = list(self._held.values())
             if held:
-                await asyncio.gather(*(self._beat(h) for h in held))
+                # return_exceptions: one failing renewal must not end every later heartbeat.
+                await asyncio.gather(*(self._beat(h) for h in held), return_exceptions=True)
             await self._register()
 
     async def _register(self) -> None:
@@ -403,7 +397,7 @@ class Worker:
             started_at=self._started_at,
             queues=tuple(self.queues),
             slots=self.capacity,
-            in_flight=tuple(islice(self._held, 100)),
+            in_flight=tuple(job_id for job_id, _ in islice(self._held, 100)),
             draining_at=self._draining_at,
         )
         try:
@@ -450,10 +444,15 @@ class Worker:
 
     async def _beat(self, held: _Held) -> None:
         job = held.attempt.job
-        if held.attempt.lost or held.settled:
+        if held.attempt.lost or held.settled or held.attempt.settled:
             return
         try:
             landed = await self.driver.heartbeat(job.id, job.fence, self.visibility_timeout_ms)
+            if landed:
+                slot = held.attempt.slot
+                leases = capability(self.driver, "leases")
+                if slot is not None and leases is not None:
+                    await leases.renew(slot)
         except Exception as exc:
             _log.warning(
                 "jobs.heartbeat.failed",
@@ -466,19 +465,18 @@ class Worker:
             return
         if landed:
             held.last_landed = self.clock.monotonic()
-            slot = held.attempt.slot
-            leases = capability(self.driver, "leases")
-            if slot is not None and leases is not None:
-                await leases.renew(slot)
             return
-        if held.settled:
+        if held.settled or held.attempt.settled:
             return
         self._lose(held, await self._why_lost(job))
 
     async def _why_lost(self, job: ClaimedJob) -> JobsError:
         introspect = capability(self.driver, "introspect")
         if introspect is not None:
-            row = await introspect.get(job.id)
+            try:
+                row = await introspect.get(job.id)
+            except Exception:
+                row = None
             if row is not None and row.state == JobState.CANCELLED:
                 return JobCancelledError(row.last_error or "cancelled by an operator")
         return LeaseLostError(f"the claim on {job.name} is held by someone else")
@@ -505,12 +503,13 @@ class Worker:
         if self._env is not None:
             await self._finished.wait()
 
-    async def drain(self) -> None:
+    async def drain(self, *, close_driver: bool = True) -> None:
         """Stop claiming, fire every body's cancel with ``X_DRAINING``, wait ``drain_timeout``.
 
         A body that unwinds because of the drain is interrupted: handed back ``ready`` with its
         attempt not spent. Past the budget the worker logs ``jobs.worker.drain-abandoned``,
-        closes the driver and leaves the leases to lapse.
+        closes the driver (unless ``close_driver`` is ``False``, for a driver the caller goes on
+        using) and leaves the leases to lapse.
         """
         if self._stopping:
             return
@@ -538,5 +537,6 @@ class Worker:
                 )
                 for task in pending:
                     task.cancel()
-                await self.driver.close()
+                if close_driver:
+                    await self.driver.close()
         self._drained.set()

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -28,6 +30,10 @@ from jobs_core.errors import DriverRequestInvalidError, DriverUnavailableError
 from jobs_pg._sql import Statements
 
 _log = logging.getLogger("jobs.pg")
+
+STEPLESS_KEPT = 10_000
+"""How many step-less claimed runs :attr:`Db.stepless` remembers (a run whose load never
+comes, e.g. a row handed back unrun, is forgotten oldest first)."""
 
 UNAVAILABLE: tuple[type[Exception], ...] = (
     psycopg.OperationalError,
@@ -108,7 +114,16 @@ class Db:
         )
         self._opened = not self.owned
         self._closed = False
+        # Runs a claim just found without step records (run id -> None, oldest first): the
+        # step store answers their first load from here instead of a query.
+        self.stepless: OrderedDict[UUID, None] = OrderedDict()
         self._checking: asyncio.Task[None] | None = None
+
+    def remember_stepless(self, run_id: UUID) -> None:
+        """Note that a run had no step records when this driver claimed it."""
+        self.stepless[run_id] = None
+        if len(self.stepless) > STEPLESS_KEPT:
+            self.stepless.popitem(last=False)
 
     def now(self) -> datetime | None:
         """Answer the injected clock's instant, or ``None`` (statements then use ``now()``)."""

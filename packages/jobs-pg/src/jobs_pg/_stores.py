@@ -108,9 +108,15 @@ class PgStepStore:
     async def load(self, run_id: UUID) -> list[StepRecord]:
         """Answer every step of a run in ``seq`` order (empty for a new run).
 
+        The first load of a run this driver just claimed without step records, and has written
+        none to since, is answered without a query (the claim statement said so): only the
+        run's claimant writes its steps.
+
         Raises:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``.
         """
+        if self._db.stepless.pop(run_id, ...) is None:
+            return []
         rows = await self._db.rows("steps_load", {"run_id": run_id})
         return [step_record(row) for row in rows]
 
@@ -137,6 +143,7 @@ class PgStepStore:
             )
         record = write.record
         fence = write.fence
+        self._db.stepless.pop(write.run_id, None)
         landed = await self._db.row(
             "step_write",
             {

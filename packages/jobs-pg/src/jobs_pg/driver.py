@@ -434,6 +434,8 @@ class PostgresDriver:
         for row in rows:
             if row[13] == JobState.RUNNING:
                 claimed.append(_claimed(row, req.worker_id))
+                if not row[16]:
+                    self._db.remember_stepless(row[1])
             else:
                 buried.append(BuriedJob(row[0], row[2], row[3], JobState(row[13])))
         if req.on_exhausted is not None:

@@ -87,7 +87,7 @@ ORDER BY r.ord
 -- first `limit` rows that are not at their final attempt are handed out (a lapsed one spends its
 -- attempt); a lapsed row at its final attempt that comes before the cut is buried, dead or (for
 -- names in `drop`) failed, and counted. Rows locked but not handed out are released when the
--- statement ends.
+-- statement ends. Each row says whether its run has step records yet.
 WITH served AS (
     SELECT DISTINCT u.name FROM unnest(%(queues)s::text[]) AS u(name)
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues p WHERE p.queue = u.name)
@@ -159,8 +159,12 @@ counted AS (
     ON CONFLICT (name, tier, bucket, shard) DO UPDATE
     SET failed = c.failed + EXCLUDED.failed, dead = c.dead + EXCLUDED.dead
 )
-SELECT * FROM (SELECT * FROM claimed UNION ALL SELECT * FROM buried) AS settled
-ORDER BY run_at, seq
+SELECT settled.*,
+       -- Whether the run has step records: a worker loads them before the body, and a run
+       -- without any (most first attempts) is answered without that query.
+       EXISTS (SELECT 1 FROM {schema}.job_steps s WHERE s.run_id = settled.run_id)
+FROM (SELECT * FROM claimed UNION ALL SELECT * FROM buried) AS settled
+ORDER BY settled.run_at, settled.seq
 
 -- name: ack
 -- Settles many rows done in one statement, each fenced on (state, claimed_by, claim); answers
