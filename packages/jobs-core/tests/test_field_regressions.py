@@ -265,3 +265,54 @@ async def test_a_nul_in_a_step_name_is_refused(
     await run_jobs(driver, clock=clock, registry=registry)
     row = await driver.introspect.get(result.id)
     assert row is not None and row.last_error_code == "X_STEP_NAME_INVALID"
+
+
+async def test_inputs_pydantic_would_mangle_are_refused_by_name(
+    driver: MemoryDriver, registry: JobRegistry
+) -> None:
+    from datetime import datetime, timezone
+
+    from jobs_core.errors import JobInputInvalidError
+
+    class Reading(BaseModel):
+        key: str
+        value: float
+        raw: bytes = b""
+
+    @job(
+        input=Reading,
+        idempotency_key=lambda i: i.key,
+        tenant="none",
+        name="mangle",
+        registry=registry,
+    )
+    async def body(input: Reading, step: Any, ctx: Any) -> None:
+        return None
+
+    for bad in (
+        Reading(key="nan", value=float("nan")),
+        Reading(key="inf", value=float("inf")),
+        Reading(key="bytes", value=1.0, raw=b"\xff"),
+    ):
+        with pytest.raises(JobInputInvalidError):
+            await body.enqueue(bad)
+    late = datetime(9999, 12, 31, 23, 59, tzinfo=timezone(timedelta(hours=-14)))
+    with pytest.raises(JobOptionsInvalidError, match="run_at"):
+        await body.enqueue(Reading(key="late", value=1.0), run_at=late)
+    assert await driver.stats() == []
+
+
+def test_a_registry_that_is_not_a_registry_is_a_declaration_problem() -> None:
+    from jobs_core.errors import JobDeclarationInvalidError
+
+    with pytest.raises(JobDeclarationInvalidError, match="registry"):
+
+        @job(
+            input=Item,
+            idempotency_key=lambda i: i.key,
+            tenant="none",
+            name="bad-registry",
+            registry="x",  # type: ignore[arg-type]
+        )
+        async def body(input: Item, step: Any, ctx: Any) -> None:
+            return None

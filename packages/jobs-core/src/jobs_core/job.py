@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar, cast
 from uuid import UUID
 
@@ -256,7 +257,7 @@ class JobHandle(Generic[I, R]):
         parsed = self.parse_input(input)
         try:
             stored = to_json_form(
-                _reveal_secrets(
+                _faithful(
                     self.adapter.dump_python(parsed, mode="json"),
                     self.adapter.dump_python(parsed, mode="python"),
                 )
@@ -266,6 +267,12 @@ class JobHandle(Generic[I, R]):
                 f"input of {self.name} has no JSON form at {exc.path}: {exc.reason}",
                 job=self.name,
                 path=exc.path,
+            ) from None
+        except (ValueError, TypeError, RecursionError) as exc:
+            # pydantic's serializer refuses what it cannot dump (undecodable bytes, cycles,
+            # nesting too deep) with plain errors; name the job and keep the payload out.
+            raise JobInputInvalidError(
+                f"input of {self.name} has no JSON form: {type(exc).__name__}", job=self.name
             ) from None
         key = self.idempotency_key(parsed)
         if not isinstance(key, str) or not key or _NUL in key:
@@ -593,23 +600,26 @@ class JobHandle(Generic[I, R]):
         return cast(R, await run_inline(self, input, current_driver()))
 
 
-def _reveal_secrets(dumped: Any, live: Any) -> Any:
-    """Put the clear value of every ``SecretStr`` back into a JSON-mode dump.
+def _faithful(dumped: Any, live: Any) -> Any:
+    """Undo the two things pydantic's JSON mode changes silently in an input.
 
-    Pydantic's JSON mode masks secrets as ``"**********"``; the stored row must carry the real
-    value or the body would receive the mask. Operators never see it: the operator surface
-    redacts secrets when it shows a row. ``live`` is the python-mode dump of the same value, whose
-    shape matches ``dumped`` item for item.
+    A ``SecretStr`` is dumped as ``"**********"``: the stored row must carry the real value or
+    the body would receive the mask (operators never see it: the operator surface redacts it).
+    A NaN or infinite float is dumped as ``null``: it is put back so :func:`to_json_form` refuses
+    it, as it refuses it in a step output. ``live`` is the python-mode dump of the same value,
+    whose shape matches ``dumped`` item for item.
     """
     if isinstance(live, SecretStr):
         return live.get_secret_value()
+    if isinstance(live, float) and not math.isfinite(live):
+        return live
     if isinstance(dumped, dict) and isinstance(live, dict):
         return {
-            key: _reveal_secrets(value, original)
+            key: _faithful(value, original)
             for (key, value), original in zip(dumped.items(), live.values(), strict=False)
         }
     if isinstance(dumped, list) and isinstance(live, list | tuple):
-        return [_reveal_secrets(v, o) for v, o in zip(dumped, live, strict=False)]
+        return [_faithful(v, o) for v, o in zip(dumped, live, strict=False)]
     return dumped
 
 
@@ -628,6 +638,13 @@ def _timing(run_at: datetime | None, delay: Duration | None) -> tuple[int, datet
                 "run_at: must be an aware datetime (e.g. datetime.now(UTC) + timedelta(hours=1))",
                 option="run_at",
             )
+        try:
+            run_at.astimezone(UTC)
+        except OverflowError:
+            raise JobOptionsInvalidError(
+                f"run_at: {run_at.isoformat()} is past the last instant a datetime holds in UTC",
+                option="run_at",
+            ) from None
         return 0, run_at
     if delay is None:
         return 0, None
@@ -758,6 +775,8 @@ def job(
         step_timeout_ms = _duration_field(problems, "step_timeout", step_timeout)
         event_poll_ms = _duration_field(problems, "event_poll", event_poll)
         settled_timeout_ms = _duration_field(problems, "on_settled_timeout", on_settled_timeout)
+        if registry is not None and not isinstance(registry, JobRegistry):
+            problems.append(f"registry: must be a JobRegistry, got {type(registry).__name__}")
         if not isinstance(compensates, bool):
             problems.append(f"compensates: must be True or False, got {compensates!r}")
         if on_settled is not None and not callable(on_settled):
@@ -795,7 +814,7 @@ def job(
             compensates=compensates,
             on_settled=on_settled,
             on_settled_timeout_ms=settled_timeout_ms or 30_000,
-            registry=registry or REGISTRY,
+            registry=registry if isinstance(registry, JobRegistry) else REGISTRY,
         )
         handle.registry.register(handle)
         return handle
