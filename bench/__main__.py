@@ -97,6 +97,12 @@ def main(argv: list[str]) -> int:
     else:
         _figures(args, sizes, drivers, peers, figures, results)
     report.derive(results)
+    for entry in results.figures.values():
+        if entry.error:
+            results.notes.append(
+                f"{entry.figure} {entry.system}: {entry.failures} repeat(s) failed "
+                f"({len(entry.runs)} succeeded): {entry.error}"
+            )
     peer_backends = {name: peer.BACKEND for name, peer in peers.items()}
     settings = _settings(args, sizes, peers, time.monotonic() - started)
     facts = report.machine()

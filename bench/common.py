@@ -151,21 +151,26 @@ def child_argv(name: str, kwargs: dict[str, Any]) -> list[str]:
     return [sys.executable, "-m", "bench.child", name, json.dumps(kwargs)]
 
 
-def run_child(name: str, kwargs: dict[str, Any], *, timeout: float = 900) -> dict[str, Any]:
+def run_child(name: str, kwargs: dict[str, Any], *, timeout: float = 600) -> dict[str, Any]:
     """Run workload ``name`` in a child process to completion; answer its result.
 
     Raises:
         ChildFailed: no result line (its stderr tail is in the message).
     """
     args = child_argv(name, kwargs)
-    proc = subprocess.run(
-        args,
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    try:
+        proc = subprocess.run(
+            args,
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
+        tail = "\n".join(err.splitlines()[-25:])
+        raise ChildFailed(f"child {name} timed out after {timeout:.0f} s:\n{tail}") from None
     return _result_of(proc.stdout, proc.stderr, proc.returncode, args)
 
 

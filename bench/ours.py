@@ -184,16 +184,19 @@ async def drain(url: str, which: str, n: int, concurrency: int, fill_here: bool)
     driver = await open_ours(url)
     if fill_here:  # the memory driver lives in this process: it must be filled here
         await fill(driver, which, n)
+        queued = await ready_count(driver)
+        _check(queued == n, f"{queued} rows ready after the fill, expected {n}")
+    else:
+        queued = await ready_count(driver)
+        _check(queued == n, f"{queued} rows ready before the worker started, expected {n}")
     worker = Worker(driver, queues=[QUEUE], concurrency=concurrency)
     running = asyncio.create_task(worker.run())
-    deadline = time.monotonic() + 900
     # A loose look at this process's own counter: no backend round trip, no GIL contention.
-    while SEEN.count < n and time.monotonic() < deadline and not running.done():  # noqa: ASYNC110
-        await asyncio.sleep(0.05)
+    await _until(lambda: SEEN.count >= n, worker, running, driver)
     while await done_count(driver) < n:
         if running.done():
             running.result()
-        _check(time.monotonic() < deadline, "rows not done within 900 s")
+        await _stalled(worker, driver, SEEN.count)
         await asyncio.sleep(0.001)
     finished = time.time_ns()
     done = await done_count(driver)
@@ -300,10 +303,7 @@ async def rss(
     marks: dict[str, Any] = {}
     started = time.monotonic()
     for checkpoint in sorted(checkpoints):
-        while SEEN.count < checkpoint:
-            if running.done():
-                running.result()
-            await asyncio.sleep(0.05)
+        await _until(lambda c=checkpoint: SEEN.count >= c, worker, running, driver)
         marks[str(checkpoint)] = {
             "rss_kib": rss_kib(),
             "seconds": time.monotonic() - started,
@@ -314,6 +314,36 @@ async def rss(
     await running
     await driver.close()
     return {"start_rss_kib": start_rss, "checkpoints": marks, "unit": "KiB"}
+
+
+STALL_S = 60.0
+"""Seconds without a body starting (rows left to run) after which a run is declared stalled."""
+
+_progress = {"count": -1, "since": 0.0}
+
+
+async def _until(done: Any, worker: Worker, running: asyncio.Task[None], driver: JobDriver) -> None:
+    while not done():  # bodies bump a counter in this process; polling it costs nothing
+        if running.done():
+            running.result()
+            raise AssertionError("the worker returned before the rows were done")
+        await _stalled(worker, driver, SEEN.count)
+        await asyncio.sleep(0.05)
+
+
+async def _stalled(worker: Worker, driver: JobDriver, count: int) -> None:
+    """Raise with a diagnosis when no body started for :data:`STALL_S` seconds."""
+    now = time.monotonic()
+    if count != _progress["count"]:
+        _progress["count"], _progress["since"] = count, now
+        return
+    if now - _progress["since"] < STALL_S:
+        return
+    stats = [s for s in await driver.stats() if s.queue == QUEUE]
+    raise AssertionError(
+        f"stalled: no body started for {STALL_S:.0f} s after {count} bodies; "
+        f"worker {worker.stats()}; backend {stats}"
+    )
 
 
 def _check(ok: bool, message: str) -> None:

@@ -14,7 +14,6 @@ from typing import Any
 
 from bench.common import (
     Background,
-    ChildFailed,
     child_argv,
     drop_database,
     flush_redis,
@@ -65,6 +64,7 @@ class Figure:
     system: str
     runs: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    failures: int = 0
 
     def value(self, key: str = "value") -> float | None:
         """Answer the median of ``key`` over the runs (``None`` with no run)."""
@@ -80,6 +80,7 @@ class Figure:
                 out[f"median_{key}"] = value
         if self.error:
             out["error"] = self.error
+            out["failures"] = self.failures
         return out
 
 
@@ -101,12 +102,13 @@ class Results:
     def record(self, figure: str, system: str, run: Callable[[], dict[str, Any]]) -> None:
         """Run one repeat; keep its result, or the error (the run goes on without it)."""
         entry = self.get(figure, system)
-        if entry.error is not None:
-            return  # it failed once: do not spend the run's time failing again
+        if entry.failures >= 2:
+            return  # it failed twice: do not spend the run's time failing again
         started = time.monotonic()
         try:
             result = run()
-        except (ChildFailed, AssertionError, TimeoutError, OSError) as exc:
+        except Exception as exc:  # one failed repeat never ends the run
+            entry.failures += 1
             entry.error = str(exc).splitlines()[0][:300]
             print(f"  {figure:<16} {system:<14} FAILED: {exc}", file=sys.stderr, flush=True)
             return

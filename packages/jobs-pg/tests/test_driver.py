@@ -12,6 +12,7 @@ import pytest
 from jobs_core.driver import (
     CAPABILITIES,
     EventBus,
+    EventQuery,
     Introspector,
     JobDriver,
     LeaderLease,
@@ -41,13 +42,14 @@ from jobs_core.types import (
     JobFilter,
     JobState,
     NackOptions,
+    OutboxClaim,
     Settle,
     StepRecord,
     StepWrite,
     TaskFire,
     WorkerInfo,
 )
-from jobs_pg import PostgresDriver, open_postgres_driver
+from jobs_pg import PostgresDriver, open_postgres_driver, transaction
 from pg_helpers import claim, info, request
 
 # --- opening ---------------------------------------------------------------------------------
@@ -58,7 +60,7 @@ def test_the_entry_point_answers_synchronously_and_reads_url_options(pg_url: str
     assert isinstance(driver, PostgresDriver)
     assert driver.schema == "app_jobs"
     assert driver._db.pool.max_size == 3
-    assert "schema" not in driver._db.conninfo
+    assert "schema" not in str(driver._db.pool.conninfo)
     assert isinstance(open_driver(pg_url.replace("postgresql://", "postgres://")), PostgresDriver)
     for bad in ("redis://x", f"{pg_url}?schema=1bad", f"{pg_url}?max_size=many"):
         with pytest.raises(DriverRequestInvalidError):
@@ -583,3 +585,36 @@ async def test_an_event_published_before_its_waiter_parks_still_wakes_it(
     # The next park, with no event in between, waits its delay again.
     assert await timed.nack(again.id, NackOptions(again.fence, park=True, delay_ms=900_000))
     assert (await info(timed, result.id)).run_at == clock.now() + timedelta(seconds=900)
+
+
+async def test_staging_and_publishing_join_the_apps_transaction(
+    driver: PostgresDriver, pg_url: str
+) -> None:
+    """An async connection (``async with``) and a sync one (``with``): a rollback leaves no
+    staged row and no event, a commit leaves both."""
+    start = datetime.now(UTC) - timedelta(minutes=1)
+    async with await psycopg.AsyncConnection.connect(pg_url) as aconn:
+        with pytest.raises(RuntimeError):
+            async with transaction(aconn):
+                await driver.outbox.stage(request("rolled-back"), driver.outbox.ambient())
+                await driver.events.publish(PublishRequest("gone", {}, None, 60_000))
+                raise RuntimeError("the app's transaction failed")
+        async with transaction(aconn):
+            await driver.outbox.stage(request("async"), aconn)
+            await driver.events.publish(PublishRequest("kept", {}, None, 60_000))
+    with psycopg.connect(pg_url) as conn:
+        with pytest.raises(RuntimeError), transaction(conn):
+            await driver.outbox.stage(request("sync-rolled-back"), conn)
+            raise RuntimeError("the app's transaction failed")
+        with transaction(conn):
+            assert driver.outbox.ambient() is conn
+            await driver.outbox.stage_many([request("sync-1"), request("sync-2")], conn)
+    assert driver.outbox.ambient() is None
+    rows = await driver.outbox.claim(OutboxClaim("relay", 10, 30_000))
+    assert [row.request.idempotency_key for row in rows] == ["async", "sync-1", "sync-2"]
+    assert await driver.events.find(EventQuery("gone", start)) is None
+    assert await driver.events.find(EventQuery("kept", start)) is not None
+    assert await driver.outbox.mark_published([r.request.id for r in rows], rows[0].token) == 3
+    assert await driver.outbox.mark_published([rows[0].request.id], rows[0].token) == 0
+    with pytest.raises(DriverRequestInvalidError):
+        await driver.outbox.stage(request("k"), object())

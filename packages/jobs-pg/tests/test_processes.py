@@ -307,3 +307,87 @@ async def test_a_half_open_listen_connection_is_detected_and_redialled(
 
 def pg_workload_request() -> Any:
     return pg_workload.count.build_request(pg_workload.Item(n=1))
+
+
+async def test_a_killed_holder_of_the_only_slot_does_not_block_the_key(
+    driver: PostgresDriver, fleet: Fleet
+) -> None:
+    """FIELD-FAILURES C02 (#475 variant): limit 1, the holder is SIGKILLed mid-body. Its row and
+    its slot both lapse; the killed row is re-claimed and the waiting rows run."""
+    with use_driver(driver):
+        await pg_workload.gate.enqueue_many([pg_workload.Item(n=i) for i in range(3)])
+    options = ("--visibility-timeout", "2s", "--concurrency", "2")
+    holder = fleet.start("gate", *options)
+    await until(lambda: any(f[3] == "0" for f in fleet.lines("gate")), timeout=30)
+    holder.send_signal(signal.SIGKILL)
+    await asyncio.to_thread(holder.wait, 20)
+    fleet.start("gate", *options)
+
+    async def all_done() -> bool:
+        return await _done(driver, "gate") == 3
+
+    await until(all_done, timeout=60)
+    attempts = {(f[3], f[4]) for f in fleet.lines("gate")}
+    assert {("0", "1"), ("0", "2"), ("1", "1"), ("2", "1")} <= attempts
+
+
+class NoNotifications:
+    """A TCP proxy to the server that drops every NotificationResponse ('A') message, as a
+    transaction-pooling proxy does to LISTEN: the session works, the notifications never come."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.Server | None = None
+        self.accepted = 0
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", 5432)
+
+        async def upstream() -> None:
+            with suppress(Exception):
+                while data := await reader.read(65536):
+                    up_writer.write(data)
+                    await up_writer.drain()
+
+        async def downstream() -> None:
+            # Every server message is a type byte and a 4-byte length (sslmode=disable: no
+            # one-byte SSL answer comes first).
+            with suppress(Exception):
+                while header := await up_reader.readexactly(5):
+                    body = await up_reader.readexactly(int.from_bytes(header[1:], "big") - 4)
+                    if header[:1] != b"A":
+                        writer.write(header + body)
+                        await writer.drain()
+
+        await asyncio.gather(upstream(), downstream())
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+async def test_a_listen_path_that_never_delivers_is_reported_unverified_once(
+    pg_url: str, migrated: str, caplog: Any
+) -> None:
+    proxy = NoNotifications()
+    port = await proxy.start()
+    listen_url = f"postgresql://postgres@127.0.0.1:{port}/test?sslmode=disable"
+    driver = await PostgresDriver.connect(pg_url, schema=migrated, listen_url=listen_url)
+    driver.wake.probe_timeout = 0.3
+    caplog.set_level(logging.INFO, logger="jobs.wake")
+    unsubscribe = await driver.wake.subscribe(lambda queue: None)
+    try:
+        # Dial, probe, give up, back off 0.5 s, dial again, ... several times over.
+        await asyncio.sleep(3)
+        assert not driver.wake.live
+    finally:
+        await unsubscribe()
+        await driver.close()
+        await proxy.close()
+    events = [r.__dict__.get("event") for r in caplog.records]
+    assert events == ["jobs.wake.unverified"]
+    assert proxy.accepted >= 3  # it kept re-dialling, and said so once

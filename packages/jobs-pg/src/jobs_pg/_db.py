@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -93,7 +93,6 @@ class Db:
         prepare_threshold: int | None,
         clock: Clock | None,
     ) -> None:
-        self.conninfo = conninfo
         self.schema = schema
         self.statements = Statements(schema)
         self.clock = clock
@@ -219,8 +218,3 @@ class Db:
             self._checking.cancel()
         if self.owned and self._opened:
             await self.pool.close()
-
-
-def column(rows: Sequence[Row], index: int = 0) -> list[Any]:
-    """Answer one column of ``rows``."""
-    return [row[index] for row in rows]

@@ -4,7 +4,8 @@ The statements that make rows due NOTIFY the queue's name on ``<schema>.wake`` (
 SQL). A driver with wake subscribers holds ONE connection outside the pool that LISTENs there
 and on a private probe channel. A probe NOTIFY sent through the pool must come back on it:
 
-* after each dial: back within ``probe_timeout`` → ``jobs.wake.live`` (info); never back →
+* after each dial: back within ``probe_timeout`` → ``jobs.wake.live`` (info), and every known
+  queue is woken once, so rows enqueued while nothing listened are claimed now; never back →
   ``jobs.wake.unverified`` (warning, logged once per driver: e.g. a transaction-pooling proxy
   that swallows notifications), then a re-dial after a back-off;
 * every ``probe_interval`` while live: not back → ``jobs.wake.lost`` (warning) and a re-dial.
@@ -187,6 +188,9 @@ class PgWakeSource:
                     )
                 raise TimeoutError("the wake probe did not come back")
             self.live = True
+            # Whatever was enqueued while nothing listened is due now: wake every queue once.
+            for row in await self._db.rows("queue_names", {}):
+                self._dispatch(row[0])
             _log.info(
                 "jobs.wake.live",
                 extra={

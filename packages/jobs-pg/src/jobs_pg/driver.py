@@ -21,7 +21,6 @@ Design notes (the alternatives that were rejected):
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -65,8 +64,6 @@ from jobs_pg._stores import (
     PgWorkerRegistry,
 )
 from jobs_pg._wake import PgWakeSource
-
-_log = logging.getLogger("jobs.pg")
 
 CAPABILITY_SET = frozenset(
     {
@@ -119,7 +116,7 @@ class _AckBatcher:
             self._loop = loop
         pending = _PendingAck(job_id, by.fence, result, by.duration_ms, loop.create_future())
         if loop is not self._loop:
-            return bool(await self._settle([pending]))
+            return job_id in await self._settle([pending])
         self._pending.append(pending)
         if self._flusher is None or self._flusher.done():
             self._flusher = loop.create_task(self._flush())

@@ -82,3 +82,19 @@ async def limited(input: Item, step: Any, ctx: Any) -> None:
     started = time.time()
     await asyncio.sleep(input.sleep_ms / 1000)
     record("span", ctx.job_id, started, time.time())
+
+
+@job(
+    input=Item,
+    idempotency_key=lambda i: f"gate:{i.n}",
+    tenant="none",
+    queue="gate",
+    concurrency=1,
+    retry=Retry(attempts=3, delay="100ms"),
+)
+async def gate(input: Item, step: Any, ctx: Any) -> int:
+    """Fleet-wide one at a time; item 0 hangs on its first attempt (the test kills it)."""
+    record("gate", ctx.job_id, input.n, ctx.attempt)
+    if input.n == 0 and ctx.attempt == 1:
+        await asyncio.sleep(60)
+    return input.n

@@ -880,3 +880,8 @@ SELECT min(CASE WHEN j.state = 'running' THEN j.visible_at ELSE j.run_at END)
 FROM {schema}.jobs j
 WHERE j.state IN ('ready', 'delayed', 'running', 'suspended')
   AND NOT EXISTS (SELECT 1 FROM {schema}.paused_queues p WHERE p.queue = j.queue)
+
+-- name: queue_names
+-- Every queue that ever had a row: a listener that becomes live wakes them all, so rows that
+-- arrived while it could not hear are claimed now rather than at the next poll.
+SELECT name FROM {schema}.queues ORDER BY name

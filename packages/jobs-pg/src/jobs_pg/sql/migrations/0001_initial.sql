@@ -80,7 +80,15 @@ CREATE TABLE {schema}.wake_slots (
 -- costs one NOTIFY (every NOTIFY serialises commits). Queues are locked in name order so two
 -- statements waking the same queues cannot deadlock. Answers how many were notified.
 CREATE FUNCTION {schema}.wake(queues text[]) RETURNS bigint
-LANGUAGE sql VOLATILE AS $fn$
+-- PL/pgSQL rather than SQL: its statement plan is kept for the session instead of being made
+-- again at every call from every enqueue.
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    notified bigint;
+BEGIN
+    IF coalesce(cardinality(queues), 0) = 0 THEN
+        RETURN 0;
+    END IF;
     WITH slot AS (
         SELECT floor(extract(epoch FROM clock_timestamp()) * 4)::bigint AS n
     ),
@@ -92,11 +100,13 @@ LANGUAGE sql VOLATILE AS $fn$
     ),
     marked AS (
         INSERT INTO {schema}.wake_slots AS w (queue, slot)
-        SELECT name, n FROM due ORDER BY name
+        SELECT due.name, due.n FROM due ORDER BY due.name
         ON CONFLICT (queue) DO UPDATE SET slot = EXCLUDED.slot WHERE w.slot < EXCLUDED.slot
         RETURNING w.queue
     )
-    SELECT count(pg_notify({channel}, queue)) FROM marked
+    SELECT count(pg_notify({channel}, marked.queue)) INTO notified FROM marked;
+    RETURN notified;
+END
 $fn$;
 
 CREATE TABLE {schema}.job_steps (
