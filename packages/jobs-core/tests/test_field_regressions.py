@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from jobs_core import JobRegistry, JobState, Retry, Settled, Worker, job, use_driver
 from jobs_core.drivers.memory import MemoryDriver
-from jobs_core.errors import JobOptionsInvalidError
+from jobs_core.errors import JobNotRequeueableError, JobOptionsInvalidError
 from jobs_core.steps import StepSuspended
 from jobs_core.testing import ManualClock, run_jobs
 
@@ -316,3 +316,44 @@ def test_a_registry_that_is_not_a_registry_is_a_declaration_problem() -> None:
         )
         async def body(input: Item, step: Any, ctx: Any) -> None:
             return None
+
+
+async def test_an_unwound_saga_is_requeued_only_from_its_first_compensated_step(
+    driver: MemoryDriver, clock: ManualClock, registry: JobRegistry
+) -> None:
+    from jobs_core import introspect
+
+    effects: list[str] = []
+    car = {"ok": False}
+
+    def book(what: str) -> Any:
+        def effect() -> str:
+            if what == "car" and not car["ok"]:
+                raise PermissionError("no cars for you")
+            effects.append(what)
+            return what
+
+        return effect
+
+    def undo(output: Any) -> None:
+        effects.append(f"cancel-{output}")
+
+    @item_job(registry, "trip", compensates=True, retry=Retry(attempts=1))
+    async def trip(input: Item, step: Any, ctx: Any) -> None:
+        await step.run("flight", book("flight"), compensate=undo)
+        await step.run("hotel", book("hotel"), compensate=undo)
+        await step.run("car", book("car"))
+
+    result = await trip.enqueue(Item(key="a"))
+    await run_jobs(driver, clock=clock, registry=registry)
+    assert effects == ["flight", "hotel", "cancel-hotel", "cancel-flight"]
+    car["ok"] = True
+    with pytest.raises(JobNotRequeueableError) as refused:
+        await introspect.requeue(driver, result.id, from_step="car")
+    assert refused.value.code == "X_JOB_NOT_REQUEUEABLE"
+    assert refused.value.meta["earliest"] == "flight"
+    await introspect.requeue(driver, result.id, from_step="flight")
+    await run_jobs(driver, clock=clock, registry=registry)
+    row = await driver.introspect.get(result.id)
+    assert row is not None and row.state == JobState.DONE
+    assert effects[4:] == ["flight", "hotel", "car"]

@@ -38,7 +38,7 @@ from rich.text import Text
 
 from jobs_core import introspect
 from jobs_core._current import install_driver
-from jobs_core.cli import _exit_with, _import_apps, _open
+from jobs_core.cli import _exit_with, _import_apps, _open, _stderr
 from jobs_core.driver import JobDriver
 from jobs_core.errors import JobNotFoundError, JobsError
 from jobs_core.introspect import JobQuery, JobView, as_json
@@ -67,8 +67,8 @@ AppOption = Annotated[
     list[str] | None,
     typer.Option(
         "--app",
-        help="A module to import first (repeatable): its job declarations let show mask only "
-        "the sensitive input fields.",
+        help="A module to import first (repeatable): with its job declarations known, inputs "
+        "are shown with only their sensitive fields masked.",
         show_default=False,
     ),
 ]
@@ -147,6 +147,14 @@ class _Session:
             driver = self.injected
         elif url:
             driver = _open(url)
+            if driver.name == "memory":
+                # The memory driver's rows live in the process that made them: without this
+                # note an empty answer would read as the truth about a real queue.
+                _stderr.print(
+                    "[yellow]note:[/] memory:// sees only rows made in this process (by --app "
+                    "modules); point --driver at a shared backend (postgresql://...) to operate "
+                    "real queues"
+                )
         else:
             _usage("name a driver with --driver URL or the JOBS_DRIVER environment variable")
         owned = driver is not self.injected

@@ -626,11 +626,15 @@ def require_capability(driver: JobDriver, name: str) -> Any:
     return store
 
 
+_PG_HINT = "pip install 'jobs-core[pg]' (from a source checkout: pip install -e packages/jobs-pg)"
+_REDIS_HINT = (
+    "pip install 'jobs-core[redis]' (from a source checkout: pip install -e packages/jobs-redis)"
+)
 _INSTALL_HINTS = {
-    "postgresql": "pip install 'jobs-core[pg]'",
-    "postgres": "pip install 'jobs-core[pg]'",
-    "redis": "pip install 'jobs-core[redis]'",
-    "rediss": "pip install 'jobs-core[redis]'",
+    "postgresql": _PG_HINT,
+    "postgres": _PG_HINT,
+    "redis": _REDIS_HINT,
+    "rediss": _REDIS_HINT,
 }
 
 

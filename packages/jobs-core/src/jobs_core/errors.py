@@ -82,7 +82,7 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "X_JOB_OPTIONS_INVALID",
         "JobOptionsInvalidError",
         "An enqueue option (delay, run_at, queue, tenant_id, run_id, ...) is malformed.",
-        "Correct the option named in the message (durations: '250ms', '30s', '10m', '3d', timedelta or int ms).",
+        "Correct the option named in the message; durations are '250ms', '30s', '10m', '3d', a timedelta or int ms.",
         "terminal",
     ),
     ErrorCode(
@@ -109,21 +109,21 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "X_DRIVER_UNKNOWN",
         "DriverUnknownError",
         "No installed package provides a driver for the URL's scheme.",
-        "Install the driver's package, e.g. pip install 'jobs-core[pg]' for postgresql://.",
+        "Install the driver's package: pip install 'jobs-core[pg]' for postgresql:// (from a source checkout: pip install -e packages/jobs-pg).",
         "terminal",
     ),
     ErrorCode(
         "X_DRIVER_REQUEST_INVALID",
         "DriverRequestInvalidError",
         "A driver call was made with arguments the protocol refuses (e.g. claim with no queues).",
-        "Pass at least one queue and positive limits; see the JobDriver docstrings.",
+        "Correct the argument the message names; the JobDriver docstrings give each call's contract.",
         "terminal",
     ),
     ErrorCode(
         "X_NOT_IMPLEMENTED",
         "NotImplementedByDriverError",
         "The driver does not declare the capability this call needs.",
-        "Use a driver that declares it (driver.describe() lists capabilities), e.g. memory:// or postgresql://.",
+        "Use a driver that declares it: driver.describe() lists what each carries (postgresql:// carries every capability).",
         "terminal",
     ),
     ErrorCode(
@@ -299,7 +299,7 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "X_OUTBOX_NO_TX",
         "OutboxNoTransactionError",
         "The outbox is installed with mode='required' and the enqueue ran outside a transaction.",
-        "Enqueue inside the app's transaction (jobs_pg.transaction(conn)) or install with mode='optional'.",
+        "Enqueue inside the outbox store's transaction (jobs_pg.transaction(conn), MemoryOutboxStore.transaction()), pass outbox=tx, or install with mode='optional'.",
         "terminal",
     ),
 )

@@ -47,8 +47,9 @@ from jobs_core.driver import (
     capability,
     require_capability,
 )
-from jobs_core.errors import DriverRequestInvalidError, JobNotFoundError
+from jobs_core.errors import DriverRequestInvalidError, JobNotFoundError, JobNotRequeueableError
 from jobs_core.job import REGISTRY, JobHandle, JobRegistry
+from jobs_core.steps import COMPENSATE_PREFIX, UNWINDING
 from jobs_core.types import (
     BulkResult,
     CounterBucket,
@@ -330,10 +331,40 @@ async def requeue(
         JobDuplicateError: ``X_JOB_DUPLICATE`` when another live row holds its key.
         DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a step the run never wrote.
         NotImplementedByDriverError: ``X_NOT_IMPLEMENTED`` without ``introspect``.
+
+    A run that unwound stays unwound: requeued as it is, it replays to its unwinding, finds every
+    compensator recorded and settles ``dead`` again. To run it afresh, requeue ``from_step`` the
+    first step that was compensated (or an earlier one); a ``from_step`` after it is refused
+    (``X_JOB_NOT_REQUEUEABLE``), because the steps it would keep were undone.
     """
-    requeued = await _introspector(driver).requeue(_job_id(job_id), from_step)
+    introspector = _introspector(driver)
+    if from_step is not None:
+        row = await introspector.get(_job_id(job_id))
+        if row is not None:
+            _check_unwound_from_step(row, from_step)
+    requeued = await introspector.requeue(_job_id(job_id), from_step)
     _logged("jobs.operator.requeued", job_id=str(requeued.id), from_step=from_step)
     return requeued
+
+
+def _check_unwound_from_step(row: JobInfo, from_step: str) -> None:
+    seq = {step.name: step.seq for step in row.steps}
+    if UNWINDING not in seq or from_step not in seq:
+        return
+    undone = [
+        seq[name[len(COMPENSATE_PREFIX) :]]
+        for name in seq
+        if name.startswith(COMPENSATE_PREFIX) and name[len(COMPENSATE_PREFIX) :] in seq
+    ]
+    if undone and seq[from_step] > min(undone):
+        first = next(name for name, at in seq.items() if at == min(undone))
+        raise JobNotRequeueableError(
+            f"steps before {from_step!r} were compensated when the run unwound; requeue from "
+            f"{first!r} (or earlier) so they run again",
+            job_id=str(row.id),
+            from_step=from_step,
+            earliest=first,
+        )
 
 
 async def cancel(

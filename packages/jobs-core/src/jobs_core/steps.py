@@ -155,6 +155,7 @@ class StepRunner:
         self._event_poll_ms = event_poll_ms
         self._compensates = compensates
         self._names: set[str] = set()
+        self._unnamed: dict[str, int] = {}
         self._aborted: JobsError | None = None
         self.compensators: list[Compensator] = []
         self.suspension: StepSuspended | None = None
@@ -263,14 +264,18 @@ class StepRunner:
     ) -> None:
         """Park the run for a duration; ``sleep("3d")`` or ``sleep("nudge-wait", "3d")``.
 
-        Without a name the step is named ``sleep:<ms>ms``. Not an attempt.
+        Without a name the step is named ``sleep:<ms>ms``, then ``sleep:<ms>ms#2``, ``#3``... for
+        later unnamed sleeps of the same length in the run (in the order the body reaches them,
+        which replays identically). Not an attempt.
 
         Raises:
             JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` for a bad duration.
         """
         if duration is None:
             ms = _duration_ms(name_or_duration)
-            name = f"sleep:{ms}ms"
+            base = f"sleep:{ms}ms"
+            self._unnamed[base] = seen = self._unnamed.get(base, 0) + 1
+            name = base if seen == 1 else f"{base}#{seen}"
         else:
             if not isinstance(name_or_duration, str):
                 raise StepNameInvalidError("step.sleep(name, duration): name must be text")

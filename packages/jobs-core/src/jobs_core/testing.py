@@ -138,7 +138,7 @@ async def run_jobs(
                 break
             if loop.time() > deadline:
                 timed_out = True
-                raise TimeoutError(f"run_jobs: {live} rows still live after {budget:.1f} s")
+                raise TimeoutError(f"run_jobs: {live} live row(s) left after {budget:.1f} s")
             due_or_running = sum(s.ready + s.running for s in stats)
             if clock is not None and due_or_running == 0 and worker.stats().in_flight == 0:
                 next_due = getattr(driver, "next_due_at", None)

@@ -373,6 +373,9 @@ class Worker:
                 "job_id": str(job.id),
                 "attempt": job.attempt,
                 "outcome": outcome,
+                # Why it failed, as stored on the row (an error's text, never the input).
+                "code": held.attempt.error.code if held.attempt.error else None,
+                "error": held.attempt.error.message[:300] if held.attempt.error else None,
             },
         )
 

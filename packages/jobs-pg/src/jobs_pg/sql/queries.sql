@@ -64,19 +64,26 @@ SELECT coalesce(i.id, e.id, k.id, b.id),
        (SELECT notified FROM woken)
 FROM req r
 LEFT JOIN inserted i ON i.id = r.id
-LEFT JOIN {schema}.jobs e ON i.id IS NULL AND e.id = r.id
+-- Each lookup is a LIMIT 1 lateral: the planner cannot turn it into a hash join over the whole
+-- table (a plan cached while the table was small would scan it at every enqueue), and it runs
+-- only for a request that inserted nothing.
+LEFT JOIN LATERAL (
+    SELECT e.id, e.run_id FROM {schema}.jobs e WHERE i.id IS NULL AND e.id = r.id LIMIT 1
+) e ON true
 LEFT JOIN LATERAL (
     SELECT j.id, j.run_id FROM {schema}.jobs j
     WHERE i.id IS NULL AND e.id IS NULL
       AND j.name = r.name AND coalesce(j.tenant_id, '') = coalesce(r.tenant_id, '')
       AND j.idempotency_key = r.idempotency_key
       AND j.state IN ('ready', 'delayed', 'running', 'suspended')
+    LIMIT 1
 ) k ON true
 LEFT JOIN LATERAL (
     SELECT b.id, b.run_id FROM inserted b
     WHERE i.id IS NULL AND e.id IS NULL
       AND b.name = r.name AND coalesce(b.tenant_id, '') = coalesce(r.tenant_id, '')
       AND b.idempotency_key = r.idempotency_key
+    LIMIT 1
 ) b ON true
 ORDER BY r.ord
 
