@@ -1225,3 +1225,32 @@ async def test_claims_match_a_brute_force_model(seed: int) -> None:
             got = await info(driver, job_id)
             assert (got.state, got.attempt, got.claim) == (row.state, row.attempts, row.claim)
     await driver.close()
+
+
+async def test_an_event_published_while_its_waiter_runs_makes_the_park_due_at_once() -> None:
+    from jobs_core.driver import PublishRequest
+    from jobs_core.ids import new_id
+    from jobs_core.types import ClaimRequest, EnqueueRequest, NackOptions, StepRecord, StepWrite
+
+    clock = TickClock()
+    mem = MemoryDriver(clock=clock)
+    req = EnqueueRequest(
+        name="waiter",
+        queue="q",
+        input={},
+        idempotency_key="k",
+        tenant_id=None,
+        max_attempts=3,
+        id=new_id(),
+        run_id=new_id(),
+    )
+    await mem.enqueue(req)
+    [job] = await mem.claim(ClaimRequest(["q"], 1, 30_000, "w"))
+    waiting = StepRecord("w", "waiting", started_at=clock.now(), event="ev", match={"id": 1})
+    assert await mem.steps.write(StepWrite(job.id, job.fence, job.run_id, waiting))
+    await mem.events.publish(PublishRequest("ev", {"id": 1}, None, 60_000))
+    # The runner looked before the publish and parks for the long backstop after it.
+    park = NackOptions(job.fence, delay_ms=15 * 60_000, park=True, count_attempt=False)
+    assert await mem.nack(job.id, park)
+    [again] = await mem.claim(ClaimRequest(["q"], 1, 30_000, "w"))
+    assert again.id == job.id

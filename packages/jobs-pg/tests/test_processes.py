@@ -318,7 +318,7 @@ async def test_a_killed_holder_of_the_only_slot_does_not_block_the_key(
         await pg_workload.gate.enqueue_many([pg_workload.Item(n=i) for i in range(3)])
     options = ("--visibility-timeout", "2s", "--concurrency", "2")
     holder = fleet.start("gate", *options)
-    await until(lambda: any(f[3] == "0" for f in fleet.lines("gate")), timeout=30)
+    await until(lambda: any(f[3] == "0" for f in fleet.lines("gate")), timeout=60)
     holder.send_signal(signal.SIGKILL)
     await asyncio.to_thread(holder.wait, 20)
     fleet.start("gate", *options)
@@ -326,7 +326,7 @@ async def test_a_killed_holder_of_the_only_slot_does_not_block_the_key(
     async def all_done() -> bool:
         return await _done(driver, "gate") == 3
 
-    await until(all_done, timeout=60)
+    await until(all_done, timeout=120)
     attempts = {(f[3], f[4]) for f in fleet.lines("gate")}
     assert {("0", "1"), ("0", "2"), ("1", "1"), ("2", "1")} <= attempts
 

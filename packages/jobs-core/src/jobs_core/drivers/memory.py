@@ -174,6 +174,8 @@ class _Row:
     progress: str = "null"
     traceparent: str | None = None
     enqueued_by: str | None = None
+    # An event its waiting step matches was published while the row ran: its park is due at once.
+    wake_pending: bool = False
     # Only the heap entry carrying the current token is valid (see the module docstring).
     token: int = 0
 
@@ -1231,7 +1233,11 @@ class MemoryEventBus:
             )
             self._m.events.setdefault(req.name, []).append(event)
             for row in self._m.live.values():
-                if (
+                if row.state is JobState.RUNNING and self._waits_for(row, event):
+                    # The run may be between its last look and its park: the park must not sleep
+                    # through this event until the backstop.
+                    row.wake_pending = True
+                elif (
                     row.state is JobState.SUSPENDED
                     and row.run_at > now
                     and self._waits_for(row, event)
@@ -2086,6 +2092,9 @@ class MemoryDriver:
                 row.last_error = opts.error.message
                 row.last_error_code = opts.error.code
                 row.last_error_stack = opts.error.stack
+            if target is JobState.SUSPENDED and row.wake_pending:
+                run_at = now
+            row.wake_pending = False
             if target in _QUEUED:
                 row.state = target
                 row.run_at = run_at
