@@ -21,6 +21,7 @@ The scenario:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -28,7 +29,8 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from rich.console import Console
@@ -37,16 +39,31 @@ from rich.text import Text
 
 from jobs_core import (
     LIVE_STATES,
+    MAX_JOB_PAGE,
     EnqueueResult,
     Introspector,
     JobDriver,
+    JobFilter,
     JobInfo,
     JobState,
     Worker,
+    capability,
     require_capability,
     use_driver,
 )
-from jobs_core.demo.shop import SYSTEMS, Order, Signup, checkout, welcome_series
+from jobs_core.demo.shop import (
+    SYSTEMS,
+    Delivery,
+    Order,
+    Signup,
+    checkout,
+    confirm_delivery,
+    stock_sync,
+    welcome_series,
+)
+from jobs_core.events import publish_event
+from jobs_core.outbox import Relay, use_outbox
+from jobs_core.scheduler import Scheduler
 
 SETTLE_BUDGET_S = 20.0
 """How long the demo waits for every job to finish before it reports failure."""
@@ -128,6 +145,62 @@ ORDERS: tuple[tuple[Order, Expected], ...] = (
 SIGNUP = Signup(email="ada@acme.test", org_id="acme")
 """The user welcomed."""
 
+DELIVERY = Delivery(order_id="A-1001", org_id="acme", email="grace@acme.test")
+"""The delivery the customer confirms."""
+
+DELIVERY_EXPECTED = Expected(
+    "confirm A-1001",
+    JobState.DONE,
+    1,
+    None,
+    "parked until the customer's delivery.confirmed event, then closed the order",
+)
+
+ROLLED_BACK = Order(order_id="C-3001", org_id="acme", amount_cents=2500, country="NL")
+"""Enqueued inside a transaction that rolls back: no job may exist for it."""
+
+COMMITTED = Order(order_id="C-3002", org_id="acme", amount_cents=3100, country="GB")
+"""Enqueued inside a transaction that commits: the relay publishes it and it runs."""
+
+COMMITTED_EXPECTED = Expected(
+    "checkout C-3002",
+    JobState.DONE,
+    1,
+    None,
+    "staged in a committed transaction, published by the relay, then run",
+)
+
+DEMO_TIME_SPEED = 60.0
+"""How much faster than real time the scheduler's clock runs in the demo."""
+
+MIN_STOCK_SYNCS = 2
+"""How many occurrences of the stock sync the demo waits for."""
+
+
+class DemoClock:
+    """A clock running :data:`DEMO_TIME_SPEED` times faster than real time (for the scheduler).
+
+    ``*/2 * * * *`` then fires every 2 real seconds, so the demo can show a cron task in a named
+    zone firing without making anyone wait minutes. Intervals (``monotonic``) stay real.
+    """
+
+    def __init__(self) -> None:
+        self._start = datetime.now(UTC)
+        self._m0 = time.monotonic()
+
+    def now(self) -> datetime:
+        """Answer the accelerated instant, UTC."""
+        return self._start + timedelta(seconds=(time.monotonic() - self._m0) * DEMO_TIME_SPEED)
+
+    def monotonic(self) -> float:
+        """Answer real monotonic seconds."""
+        return time.monotonic()
+
+
+class PaymentDeclinedError(Exception):
+    """The simulated business transaction fails after staging the job: it rolls back."""
+
+
 SIGNUP_EXPECTED = Expected(
     "welcome ada@acme.test",
     JobState.DONE,
@@ -150,9 +223,16 @@ EXPECTED_EFFECTS: Counter[tuple[str, str]] = Counter(
         ("charge", "B-2001"): 1,
         ("refund", "B-2001"): 1,
         ("email", "ada@acme.test"): 2,
+        ("email", "grace@acme.test"): 1,
+        ("close", "A-1001"): 1,
     }
 )
 """Every effect the external systems must have performed, each exactly this often."""
+
+OUTBOX_EFFECTS: Counter[tuple[str, str]] = Counter(
+    {("charge", "C-3002"): 1, ("ship", "C-3002"): 1, ("payout", "C-3002"): 1}
+)
+"""The effects of the order committed through the outbox (when the outbox part runs)."""
 
 
 class Narrator(logging.Handler):
@@ -237,6 +317,14 @@ class Narrator(logging.Handler):
             return f"{step}: parked until {wake:%H:%M:%S}, no process waits for it", "magenta"
         if event == "shop.step.slept":
             return f"{step}: over, the run was handed back when due", "magenta"
+        if event == "shop.step.waiting":
+            until = datetime.fromisoformat(str(fields.get("until"))).astimezone()
+            return (
+                f"{step}: waiting for {fields.get('on')} (parked; looks again by {until:%H:%M:%S})",
+                "magenta",
+            )
+        if event == "shop.step.answered":
+            return f"{step}: answered → {_compact(fields.get('answer'))}", "cyan"
         if event == "shop.step.compensated":
             return f"{step}: compensation ran ({fields.get('undo')})", "yellow"
         return None
@@ -266,8 +354,12 @@ async def run_demo(driver: JobDriver, console: Console) -> bool:
     SYSTEMS.warehouse_busy[BUSY_ORDER] = 2
     console.rule(f"[bold]jobs demo[/]: a shop on the {driver.name} driver")
     console.print(
-        "Three checkouts and a welcome series are enqueued, then a real worker runs them on the "
-        f"real clock. The warehouse will answer [italic]busy[/] twice for {BUSY_ORDER}.\n"
+        "Three checkouts, a welcome series and a delivery confirmation are enqueued, two more "
+        "checkouts go through the transactional outbox (one transaction rolls back, one "
+        "commits), and a cron task syncs stock every 2 minutes, Paris time. A real worker, a "
+        "relay and a scheduler run them; the scheduler's clock runs "
+        f"{DEMO_TIME_SPEED:.0f}× faster than real time so the task fires every 2 s. The "
+        f"warehouse will answer [italic]busy[/] twice for {BUSY_ORDER}.\n"
     )
     labels: dict[str, str] = {}
     expected: dict[UUID, Expected] = {}
@@ -280,6 +372,10 @@ async def run_demo(driver: JobDriver, console: Console) -> bool:
         result = await welcome_series.enqueue(SIGNUP)
         _enqueued(narrator, labels, SIGNUP_EXPECTED.label, result, f"welcome:{SIGNUP.email}")
         expected[result.id] = SIGNUP_EXPECTED
+        result = await confirm_delivery.enqueue(DELIVERY)
+        _enqueued(narrator, labels, DELIVERY_EXPECTED.label, result, "confirm:A-1001")
+        expected[result.id] = DELIVERY_EXPECTED
+        confirm_id = result.id
         first, again = ORDERS[0]
         repeat = await checkout.enqueue(first)
         narrator.say(
@@ -288,6 +384,26 @@ async def run_demo(driver: JobDriver, console: Console) -> bool:
             "one live row per idempotency key",
             "cyan",
         )
+        store = capability(driver, "outbox")
+        # The outbox part needs a transaction the demo can open without an app database: the
+        # memory store's own. On Postgres the transaction is the app's psycopg connection
+        # (jobs_pg.transaction(conn)), which a demo with no tables of its own does not have.
+        outbox = store if hasattr(store, "transaction") else None
+        rolled_back = committed = None
+        if outbox is not None:
+            rolled_back, committed = await _through_the_outbox(driver, outbox, narrator, labels)
+            expected[committed] = COMMITTED_EXPECTED
+        else:
+            narrator.say(
+                "outbox",
+                f"skipped: the {driver.name} outbox stages on the app's own database transaction",
+                "dim",
+            )
+        cron = capability(driver, "scheduler_state") is not None
+        if not cron:
+            narrator.say(
+                "stock sync", f"skipped: the {driver.name} driver keeps no scheduler state", "dim"
+            )
         console.print()
         worker = Worker(
             driver,
@@ -296,24 +412,64 @@ async def run_demo(driver: JobDriver, console: Console) -> bool:
             poll_interval="50ms",
             idle_poll_max="250ms",
         )
-        running = asyncio.create_task(worker.run())
+        relay = Relay(outbox, driver, poll_interval="100ms") if outbox is not None else None
+        scheduler = (
+            Scheduler(driver, tasks=[stock_sync], clock=DemoClock(), tick="100ms") if cron else None
+        )
+        roles = [asyncio.create_task(r.run()) for r in (worker, relay, scheduler) if r is not None]
+        customer = asyncio.create_task(_customer(introspect, narrator, confirm_id))
+        syncs: list[JobInfo] = []
         try:
-            infos = await _wait_settled(introspect, list(expected), running)
+            infos = await _wait_settled(introspect, list(expected), roles[0])
+            if scheduler is not None:
+                await _wait_for_syncs(roles[0])
+                await scheduler.stop()
+                syncs = await _sync_jobs(introspect, roles[0])
+            await customer
         finally:
+            for role in (scheduler, relay):
+                if role is not None:
+                    await role.stop()
             await worker.stop()
-            await running
+            await asyncio.gather(*roles, return_exceptions=True)
     elapsed = time.monotonic() - started
     console.print()
     console.print(_ledger_table())
     console.print(_outcome_table(expected, infos))
-    checks = _checks(expected, infos)
-    checks.append(
-        Check(
-            f"enqueueing {first.order_id} twice queued one job (the second answer was deduped)",
-            repeat.deduped and expected.get(repeat.id) is again,
-            f"deduped={repeat.deduped}, same job={expected.get(repeat.id) is again}",
+    wanted = EXPECTED_EFFECTS + (OUTBOX_EFFECTS if outbox is not None else Counter())
+    checks = _checks(expected, infos, wanted)
+    if rolled_back is not None:
+        checks.append(
+            Check(
+                f"the rolled-back transaction left no job for {ROLLED_BACK.order_id} "
+                "(the id it answered names no row, and nothing was charged)",
+                await introspect.get(rolled_back) is None
+                and all(e.ref != ROLLED_BACK.order_id for e in SYSTEMS.ledger),
+                "a row or an effect exists",
+            )
         )
-    )
+    occurrences = [e.ref for e in SYSTEMS.ledger if e.action == "stock"]
+    if cron:
+        checks.append(
+            Check(
+                f"the stock sync fired {len(occurrences)} occurrences (at least "
+                f"{MIN_STOCK_SYNCS}), each exactly once, every 2 minutes of Paris time, and "
+                "each job finished",
+                len(occurrences) >= MIN_STOCK_SYNCS
+                and len(set(occurrences)) == len(occurrences)
+                and all(info.state == JobState.DONE for info in syncs)
+                and len(syncs) == len(occurrences)
+                and _two_minutes_apart(occurrences),
+                f"occurrences {occurrences}, job states {[str(i.state) for i in syncs]}",
+            )
+        )
+        checks.append(
+            Check(
+                f"enqueueing {first.order_id} twice queued one job (the second answer was deduped)",
+                repeat.deduped and expected.get(repeat.id) is again,
+                f"deduped={repeat.deduped}, same job={expected.get(repeat.id) is again}",
+            )
+        )
     for check in checks:
         mark = Text("✓ ", "bold green") if check.ok else Text("✗ ", "bold red")
         tail = Text("" if check.ok else f": {check.detail}", "red")
@@ -324,6 +480,85 @@ async def run_demo(driver: JobDriver, console: Console) -> bool:
     else:
         console.print(f"\n[bold green]All {len(checks)} checks held[/] in {elapsed:.1f} s.")
     return failed == 0
+
+
+async def _through_the_outbox(
+    driver: JobDriver, store: Any, narrator: Narrator, labels: dict[str, str]
+) -> tuple[UUID, UUID]:
+    """Enqueue one order in a transaction that rolls back and one in one that commits."""
+    with use_outbox(store, driver):
+        staged = None
+        try:
+            async with store.transaction():
+                staged = await checkout.enqueue(ROLLED_BACK)
+                narrator.say(
+                    f"checkout {ROLLED_BACK.order_id}",
+                    f"staged in a transaction → job {_short(staged.id)}; the payment is "
+                    "declined and the transaction rolls back",
+                    "blue",
+                )
+                raise PaymentDeclinedError(ROLLED_BACK.order_id)
+        except PaymentDeclinedError:
+            pass
+        assert staged is not None
+        async with store.transaction():
+            kept = await checkout.enqueue(COMMITTED)
+        labels[str(kept.id)] = COMMITTED_EXPECTED.label
+        narrator.say(
+            COMMITTED_EXPECTED.label,
+            f"staged in a transaction that commits → job {_short(kept.id)}; the relay publishes it",
+            "blue",
+        )
+    return staged.id, kept.id
+
+
+async def _customer(introspect: Introspector, narrator: Narrator, confirm_id: UUID) -> None:
+    """The simulated customer: answers the delivery request once the job is waiting."""
+    deadline = time.monotonic() + SETTLE_BUDGET_S
+    while time.monotonic() < deadline:
+        info = await introspect.get(confirm_id)
+        if info is not None and info.state == JobState.SUSPENDED:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)
+    await publish_event("delivery.confirmed", {"order_id": "Z-9999", "received": False})
+    await publish_event("delivery.confirmed", {"order_id": DELIVERY.order_id, "received": True})
+    narrator.say(
+        DELIVERY_EXPECTED.label,
+        "the customer confirms: delivery.confirmed for A-1001 published (and one for another "
+        "order, which the wait's match ignores)",
+        "blue",
+    )
+
+
+async def _wait_for_syncs(running: asyncio.Task[None]) -> None:
+    """Wait until the stock sync fired :data:`MIN_STOCK_SYNCS` times (or the budget ran out)."""
+    deadline = time.monotonic() + SETTLE_BUDGET_S
+    while time.monotonic() < deadline:
+        if running.done():
+            running.result()
+        if sum(e.action == "stock" for e in SYSTEMS.ledger) >= MIN_STOCK_SYNCS:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def _sync_jobs(introspect: Introspector, running: asyncio.Task[None]) -> list[JobInfo]:
+    """Answer every stock-sync job once none is live any more."""
+    deadline = time.monotonic() + SETTLE_BUDGET_S
+    while True:
+        page = await introspect.list(JobFilter(name="shop.sync_stock", limit=MAX_JOB_PAGE))
+        if time.monotonic() > deadline or all(r.state not in LIVE_STATES for r in page.rows):
+            return list(page.rows)
+        if running.done():
+            running.result()
+        await asyncio.sleep(0.05)
+
+
+def _two_minutes_apart(occurrences: list[str]) -> bool:
+    instants = sorted(datetime.fromisoformat(at) for at in occurrences)
+    return all(
+        later - earlier == timedelta(minutes=2) for earlier, later in itertools.pairwise(instants)
+    ) and all(at.minute % 2 == 0 and at.second == 0 for at in instants)
 
 
 def _enqueued(
@@ -400,7 +635,11 @@ def _step_text(name: str, status: str, failures: int) -> str:
     return text
 
 
-def _checks(expected: dict[UUID, Expected], infos: dict[UUID, JobInfo]) -> list[Check]:
+def _checks(
+    expected: dict[UUID, Expected],
+    infos: dict[UUID, JobInfo],
+    wanted: Counter[tuple[str, str]],
+) -> list[Check]:
     checks: list[Check] = []
     for job_id, expect in expected.items():
         info = infos.get(job_id)
@@ -416,11 +655,12 @@ def _checks(expected: dict[UUID, Expected], infos: dict[UUID, JobInfo]) -> list[
         if expect.code is not None:
             ok = ok and info.last_error_code == expect.code
         checks.append(Check(claim, ok, found))
-    effects = Counter((effect.action, effect.ref) for effect in SYSTEMS.ledger)
+    # Stock syncs are checked on their own: how many fire depends on the clock.
+    effects = Counter((e.action, e.ref) for e in SYSTEMS.ledger if e.action != "stock")
     diff = {
-        f"{action} {ref}": f"{effects[(action, ref)]}x, expected {EXPECTED_EFFECTS[(action, ref)]}x"
-        for action, ref in sorted(set(effects) | set(EXPECTED_EFFECTS))
-        if effects[(action, ref)] != EXPECTED_EFFECTS[(action, ref)]
+        f"{action} {ref}": f"{effects[(action, ref)]}x, expected {wanted[(action, ref)]}x"
+        for action, ref in sorted(set(effects) | set(wanted))
+        if effects[(action, ref)] != wanted[(action, ref)]
     }
     checks.append(
         Check(

@@ -5,6 +5,10 @@
   key ``checkout:<order_id>``, so enqueueing the same order twice queues it once.
 * :func:`welcome_series` sends a welcome e-mail, sleeps 2 s (the run is parked; no process holds
   it), then sends a nudge.
+* :func:`confirm_delivery` asks the customer to confirm a delivery, then waits for the
+  ``delivery.confirmed`` event (parked, with a timeout) and closes the order with the answer.
+* :data:`stock_sync` is a cron task (``*/2 * * * *`` in Europe/Paris) whose every occurrence
+  enqueues one :func:`sync_stock` job.
 
 The outside world is simulated by :data:`SYSTEMS`: every effect (charge, refund, shipment,
 payout, e-mail) lands in its ledger, and the warehouse can be told to answer "busy" a number of
@@ -24,11 +28,12 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from jobs_core import Duration, JobContext, Retry, Step, classify, job
+from jobs_core import Duration, JobContext, Retry, Step, classify, job, task
 from jobs_core.steps import StepSuspended
 from jobs_core.types import JSONValue
 
@@ -67,6 +72,43 @@ class Signup(BaseModel):
 
     email: str = Field(min_length=3)
     org_id: str = Field(min_length=1)
+
+
+class Delivery(BaseModel):
+    """A delivery the customer is asked to confirm.
+
+    Attributes:
+        order_id: the order delivered (the idempotency key is ``confirm:<order_id>``).
+        org_id: the org (tenant) the order belongs to.
+        email: where the request goes.
+    """
+
+    order_id: str = Field(min_length=1)
+    org_id: str = Field(min_length=1)
+    email: str = Field(min_length=3)
+
+
+class Confirmation(BaseModel):
+    """The customer's answer, published as the ``delivery.confirmed`` event.
+
+    Attributes:
+        order_id: the order it is about (waits match on it).
+        received: whether the parcel arrived.
+    """
+
+    order_id: str
+    received: bool
+
+
+class StockSync(BaseModel):
+    """One occurrence of the stock sync.
+
+    Attributes:
+        at: the occurrence (UTC) the scheduler fired it for; the idempotency key is
+            ``stock:<at>``.
+    """
+
+    at: datetime
 
 
 class WarehouseBusyError(Exception):
@@ -240,6 +282,16 @@ class NarratedStep:
             raise
         self._tell("shop.step.slept", f"sleep {duration}")
 
+    async def wait_for_event(self, name: str, event: str, **options: Any) -> Any:
+        """Run ``step.wait_for_event(...)`` and log whether it parked the run or got an answer."""
+        try:
+            answer = await self._step.wait_for_event(name, event, **options)
+        except StepSuspended as parked:
+            self._tell("shop.step.waiting", name, on=event, until=parked.wake_at.isoformat())
+            raise
+        self._tell("shop.step.answered", name, on=event, answer=_as_json(answer))
+        return answer
+
     def _undo(
         self, name: str, compensate: Callable[[JSONValue], Awaitable[None]]
     ) -> Callable[[JSONValue], Awaitable[None]]:
@@ -266,6 +318,10 @@ class NarratedStep:
                 **fields,
             },
         )
+
+
+def _as_json(value: Any) -> JSONValue:
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
 
 
 def narrate(step: Step, ctx: JobContext) -> NarratedStep:
@@ -315,3 +371,60 @@ async def welcome_series(signup: Signup, step: Step, ctx: JobContext) -> None:
     await steps.run("welcome-email", send_email, signup.email, "welcome")
     await steps.sleep("2s")
     await steps.run("nudge-email", send_email, signup.email, "nudge")
+
+
+@job(
+    input=Delivery,
+    name="shop.confirm_delivery",
+    queue="orders",
+    idempotency_key=lambda delivery: f"confirm:{delivery.order_id}",
+    tenant=lambda delivery: delivery.org_id,
+    event_poll="1s",
+)
+async def confirm_delivery(delivery: Delivery, step: Step, ctx: JobContext) -> JSONValue:
+    """Ask the customer to confirm, wait for their answer (10 s at most), then close the order."""
+    steps = narrate(step, ctx)
+    await steps.run("ask", send_email, delivery.email, "confirm-delivery")
+    answer = await steps.wait_for_event(
+        "customer-answer",
+        "delivery.confirmed",
+        schema=Confirmation,
+        match={"order_id": delivery.order_id},
+        timeout="10s",
+    )
+    received = answer is not None and answer.received
+    await steps.run("close", close_order, delivery.order_id, received)
+    return {"received": received}
+
+
+async def close_order(order_id: str, received: bool) -> dict[str, JSONValue]:
+    """Record the order as closed (``received`` or not) in the shop's books."""
+    n = SYSTEMS.record("books", "close", order_id, "received" if received else "no answer")
+    return {"closed": n}
+
+
+@job(
+    input=StockSync,
+    name="shop.sync_stock",
+    queue="orders",
+    idempotency_key=lambda sync: f"stock:{sync.at.isoformat()}",
+    tenant="none",
+)
+async def sync_stock(sync: StockSync, step: Step, ctx: JobContext) -> None:
+    """Pull stock levels from the warehouse for one occurrence of the task."""
+    await narrate(step, ctx).run("pull", pull_stock, sync.at.isoformat())
+
+
+async def pull_stock(at: str) -> dict[str, JSONValue]:
+    """Read the warehouse's stock levels (the effect counted per occurrence)."""
+    n = SYSTEMS.record("warehouse", "stock", at, "levels pulled")
+    return {"sync": n}
+
+
+stock_sync = task(
+    cron="*/2 * * * *",
+    tz="Europe/Paris",
+    name="shop.stock_sync",
+    enqueue=lambda occurrence: [(sync_stock, StockSync(at=occurrence))],
+)
+"""Every two minutes, Paris time: one :func:`sync_stock` job per occurrence."""
