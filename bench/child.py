@@ -9,7 +9,9 @@ import asyncio
 import importlib
 import inspect
 import json
+import os
 import sys
+import traceback
 
 from bench.common import emit
 
@@ -32,13 +34,30 @@ WORKLOADS = {
 
 
 def main(argv: list[str]) -> None:
-    """Run the workload named ``argv[0]`` with the JSON keyword arguments in ``argv[1]``."""
+    """Run the workload named ``argv[0]`` with the JSON keyword arguments in ``argv[1]``.
+
+    The process ends with ``os._exit`` right after the result (or the traceback) is printed: a
+    library task that ignores cancellation must not hang the run at interpreter shutdown (seen
+    once after the server went away mid-workload). Every workload closes what it opened itself.
+    """
     name = argv[0]
     kwargs = json.loads(argv[1]) if len(argv) > 1 else {}
     module_name, _, func_name = WORKLOADS[name].partition(":")
-    func = getattr(importlib.import_module(module_name), func_name)
-    result = asyncio.run(func(**kwargs)) if inspect.iscoroutinefunction(func) else func(**kwargs)
-    emit(result)
+    try:
+        func = getattr(importlib.import_module(module_name), func_name)
+        if inspect.iscoroutinefunction(func):
+            result = asyncio.new_event_loop().run_until_complete(func(**kwargs))
+        else:
+            result = func(**kwargs)
+        emit(result)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    else:
+        code = 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

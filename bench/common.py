@@ -178,8 +178,11 @@ def _result_of(stdout: str, stderr: str, code: int | None, args: Sequence[str]) 
     for line in reversed(stdout.splitlines()):
         if line.startswith(RESULT_TAG):
             return json.loads(line[len(RESULT_TAG) :])  # type: ignore[no-any-return]
-    tail = "\n".join(stderr.splitlines()[-25:])
-    raise ChildFailed(f"child {' '.join(args)} exited {code} with no result:\n{tail}")
+    lines = stderr.splitlines()
+    tail = "\n".join(lines[-25:])
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+    what = " ".join(args[3:4]) or " ".join(args)
+    raise ChildFailed(f"child {what} exited {code} with no result ({last[:200]}):\n{tail}")
 
 
 class Background:

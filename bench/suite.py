@@ -113,11 +113,15 @@ class Results:
             print(f"  {figure:<16} {system:<14} FAILED: {exc}", file=sys.stderr, flush=True)
             return
         entry.runs.append(result)
-        shown = (
-            f"p50 {result['p50']:.2f} p95 {result['p95']:.2f} max {result['max']:.2f} ms"
-            if "p50" in result
-            else f"{result.get('value', 0):,.0f} {result.get('unit', '')}"
-        )
+        if "p50" in result:
+            shown = f"p50 {result['p50']:.2f} p95 {result['p95']:.2f} max {result['max']:.2f} ms"
+        elif "checkpoints" in result:
+            shown = ", ".join(
+                f"{int(k):,}: {v['rss_kib'] / 1024:,.0f} MiB"
+                for k, v in sorted(result["checkpoints"].items(), key=lambda kv: int(kv[0]))
+            )
+        else:
+            shown = f"{result.get('value', 0):,.0f} {result.get('unit', '')}"
         took = time.monotonic() - started
         print(f"  {figure:<16} {system:<14} {shown}  ({took:.1f} s)", file=sys.stderr, flush=True)
 

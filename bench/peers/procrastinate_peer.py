@@ -2,9 +2,9 @@
 
 An ``App`` over ``PsycopgConnector``; schema by ``procrastinate schema --apply``; the worker is
 ``procrastinate worker`` (LISTEN/NOTIFY on, its default) at ``--concurrency 32`` for these async
-I/O-bound tasks (the same slot count as our worker); ``defer_async`` one at a time and
-``batch_defer_async`` for batches. Completed jobs are counted in ``procrastinate_jobs``
-(``status = 'succeeded'``).
+I/O-bound tasks (its concurrency how-to shows ``--concurrency=30``; 32 is our worker's slot
+count); ``defer_async`` one at a time and ``batch_defer_async`` for batches. Completed jobs are
+counted in ``procrastinate_jobs`` (``status = 'succeeded'``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ VERSION = "3.10.0"
 BACKEND = "pg"
 DATABASE = "bench_procrastinate"
 CONCURRENCY = 32
-SETTINGS = f"`procrastinate worker --concurrency {CONCURRENCY}` (async tasks, LISTEN/NOTIFY on)"
+SETTINGS = (
+    f"`procrastinate worker --concurrency {CONCURRENCY}` (async tasks, LISTEN/NOTIFY on; its "
+    "docs' example is 30)"
+)
 _BATCH = 1_000
 
 app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=pg_url(DATABASE)))
