@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 import time
 import uuid
@@ -308,6 +309,8 @@ async def rss(
             "rss_kib": rss_kib(),
             "seconds": time.monotonic() - started,
         }
+        # On stderr as it happens, so a run cut short still shows what it measured.
+        print(f"rss checkpoint {checkpoint}: {marks[str(checkpoint)]}", file=sys.stderr, flush=True)
     while await done_count(driver) < total:  # noqa: ASYNC110 - the count lives in the backend
         await asyncio.sleep(0.1)
     await worker.stop()

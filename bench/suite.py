@@ -210,7 +210,8 @@ def cleanup_ours() -> None:
     """Drop what our figures created."""
     try:
         drop_database(OURS_DB)
-    except Exception as exc:  # the server may be down; nothing else to clean
+        flush_redis("ours")
+    except Exception as exc:  # a server may be down; nothing else to clean
         print(f"  cleanup: {exc}", file=sys.stderr)
 
 
