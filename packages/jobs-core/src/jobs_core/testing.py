@@ -146,7 +146,9 @@ async def run_jobs(
                 if inspect.isawaitable(when):
                     # A database-backed driver answers it with a query (jobs-pg).
                     when = await when
-                if isinstance(when, datetime) and when > clock.now():
+                # Checked again with no await before the jump: a claim that landed while the
+                # query ran holds a lease the jump would lapse.
+                if isinstance(when, datetime) and when > clock.now() and not worker.busy:
                     clock.set(when)
             await asyncio.sleep(0.002)
     finally:

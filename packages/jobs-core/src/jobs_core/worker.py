@@ -164,6 +164,7 @@ class Worker:
         self._held: dict[tuple[UUID, int], _Held] = {}
         self._wake = asyncio.Event()
         self._stopping = False
+        self._claiming = False
         self._drained = asyncio.Event()
         self._finished = asyncio.Event()
         self._env: AttemptEnv | None = None
@@ -187,6 +188,11 @@ class Worker:
                 option="concurrency",
             )
         return per
+
+    @property
+    def busy(self) -> bool:
+        """Whether the worker holds an attempt or has a claim in flight (rows may be running)."""
+        return self._claiming or bool(self._held)
 
     @property
     def capacity(self) -> int:
@@ -291,6 +297,7 @@ class Worker:
                     drop_exhausted=drop,
                     on_exhausted=self._buried,
                 )
+                self._claiming = True
                 try:
                     claimed = await self.driver.claim(req)
                 except Exception as exc:
@@ -300,6 +307,7 @@ class Worker:
                     )
             for job in claimed:
                 self._start(job)
+            self._claiming = False
             if claimed and not self._stopping:
                 idle_ms = self.poll_interval_ms
                 continue
