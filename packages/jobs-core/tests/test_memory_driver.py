@@ -6,13 +6,15 @@ import asyncio
 import random
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 from uuid import UUID
 
 import pytest
 
+from jobs_conformance.target import claim
+from jobs_conformance.target import request as conformance_request
 from jobs_core.driver import (
     CAPABILITIES,
     CounterStore,
@@ -43,7 +45,6 @@ from jobs_core.ids import new_id
 from jobs_core.types import (
     LEASE_LAPSED_FINAL_ATTEMPT,
     BuriedJob,
-    ClaimedJob,
     ClaimRequest,
     EnqueueRequest,
     EnqueueResult,
@@ -91,54 +92,10 @@ async def mem(tclock: TickClock) -> AsyncIterator[MemoryDriver]:
     await driver.close()
 
 
-def request(
-    key: str = "k",
-    *,
-    name: str = "job",
-    queue: str = "default",
-    tenant: str | None = "t1",
-    max_attempts: int = 3,
-    run_at: datetime | None = None,
-    delay_ms: int = 0,
-    payload: Any = None,
-    job_id: UUID | None = None,
-    run_id: UUID | None = None,
-) -> EnqueueRequest:
-    return EnqueueRequest(
-        name=name,
-        queue=queue,
-        input={"key": key} if payload is None else payload,
-        idempotency_key=key,
-        tenant_id=tenant,
-        max_attempts=max_attempts,
-        id=job_id or new_id(),
-        run_id=run_id or new_id(),
-        run_at=run_at,
-        delay_ms=delay_ms,
-        traceparent="00-trace-span-01",
-        enqueued_by="user-1",
-    )
-
-
-async def claim(
-    driver: MemoryDriver,
-    *queues: str,
-    limit: int = 10,
-    vt: int = 30_000,
-    worker: str = "w1",
-    drop_exhausted: frozenset[str] = frozenset(),
-    on_exhausted: Any = None,
-) -> list[ClaimedJob]:
-    return await driver.claim(
-        ClaimRequest(
-            queues=list(queues or ("default",)),
-            limit=limit,
-            visibility_timeout_ms=vt,
-            worker_id=worker,
-            drop_exhausted=drop_exhausted,
-            on_exhausted=on_exhausted,
-        )
-    )
+def request(key: str = "k", *, name: str = "job", **options: Any) -> EnqueueRequest:
+    """The conformance suite's request builder, stamped with this suite's trace and actor."""
+    built = conformance_request(key, name=name, **options)
+    return replace(built, traceparent="00-trace-span-01", enqueued_by="user-1")
 
 
 async def info(driver: MemoryDriver, job_id: UUID) -> JobInfo:
