@@ -327,8 +327,13 @@ async def test_a_killed_holder_of_the_only_slot_does_not_block_the_key(
         return await _done(driver, "gate") == 3
 
     await until(all_done, timeout=120)
-    attempts = {(f[3], f[4]) for f in fleet.lines("gate")}
-    assert {("0", "1"), ("0", "2"), ("1", "1"), ("2", "1")} <= attempts
+    runs = [(f[3], f[4]) for f in fleet.lines("gate")]
+    assert {("0", "1"), ("0", "2")} <= set(runs)
+    # The others each ran once; a row the killed worker had claimed (waiting for the slot) had
+    # its lapsed attempt counted, so it may run on attempt 2.
+    for item in ("1", "2"):
+        ran = [attempt for n, attempt in runs if n == item]
+        assert len(ran) == 1 and ran[0] in ("1", "2"), (item, ran)
 
 
 class NoNotifications:
