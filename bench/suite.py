@@ -6,6 +6,7 @@ slow minute of the shared machine hits every system alike; the table quotes medi
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -23,8 +24,9 @@ from bench.common import (
     run_child,
 )
 
-OURS_DB = "bench_ours"
-FLOOR_DB = "bench_floor"
+# ``BENCH_DB_SUFFIX`` lets two bench runs share one server without dropping each other's data.
+OURS_DB = "bench_ours" + os.environ.get("BENCH_DB_SUFFIX", "")
+FLOOR_DB = "bench_floor" + os.environ.get("BENCH_DB_SUFFIX", "")
 
 
 @dataclass(frozen=True)
