@@ -54,6 +54,34 @@ class _Seen:
 SEEN = _Seen()
 
 
+class _RoundTrips:
+    """Counts this process's Redis round trips.
+
+    redis-py writes one packed buffer per command, script call or pipeline and then reads the
+    reply, so one write is one round trip.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.paused = False
+
+    def install(self) -> None:
+        """Wrap redis-py's asyncio connection write (once per process)."""
+        from redis.asyncio.connection import AbstractConnection
+
+        original = AbstractConnection.send_packed_command
+
+        async def counted(conn: Any, command: Any, check_health: bool = True) -> None:
+            if not self.paused:
+                self.count += 1
+            await original(conn, command, check_health)
+
+        AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+
+
+TRIPS = _RoundTrips()
+
+
 @job(input=Probe, idempotency_key=lambda p: p.k, tenant="none", name="bench.noop", queue=QUEUE)
 async def noop(input: Probe, step: Any, ctx: Any) -> None:
     """Do nothing (record that the body ran)."""
@@ -104,8 +132,12 @@ async def migrate(url: str) -> dict[str, Any]:
 
 
 async def done_count(driver: JobDriver) -> int:
-    """Answer how many bench rows are ``done`` in the backend."""
-    return sum(s.done for s in await driver.stats() if s.queue == QUEUE)
+    """Answer how many bench rows are ``done`` in the backend (its round trips not counted)."""
+    TRIPS.paused = True
+    try:
+        return sum(s.done for s in await driver.stats() if s.queue == QUEUE)
+    finally:
+        TRIPS.paused = False
 
 
 async def ready_count(driver: JobDriver) -> int:
@@ -190,6 +222,8 @@ async def drain(url: str, which: str, n: int, concurrency: int, fill_here: bool)
     else:
         queued = await ready_count(driver)
         _check(queued == n, f"{queued} rows ready before the worker started, expected {n}")
+    if url.startswith("redis"):
+        TRIPS.install()
     worker = Worker(driver, queues=[QUEUE], concurrency=concurrency)
     running = asyncio.create_task(worker.run())
     # A loose look at this process's own counter: no backend round trip, no GIL contention.
@@ -207,7 +241,8 @@ async def drain(url: str, which: str, n: int, concurrency: int, fill_here: bool)
     assert SEEN.first_ns is not None
     elapsed = (finished - SEEN.first_ns) / 1e9
     _check(done == n, f"{done} rows done, expected {n}")
-    return {
+    trips = {"round_trips_per_job": TRIPS.count / n} if url.startswith("redis") else {}
+    return trips | {
         "value": n / elapsed,
         "unit": "runs/s" if which == "three" else "jobs/s",
         "n": n,

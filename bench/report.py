@@ -21,6 +21,8 @@ FIGURES = [
     ("pickup", "pickup latency p50 / p95 / max (ms, lower is better)"),
     ("commits-per-job", "pg commits per no-op job, worker side (lower is better)"),
     ("commits-per-run", "pg commits per 3-step run, worker side (lower is better)"),
+    ("trips-per-job", "redis round trips per no-op job, worker side (lower is better)"),
+    ("trips-per-run", "redis round trips per 3-step run, worker side (lower is better)"),
 ]
 OURS = ("memory", "pg", "redis")
 FLOORS = [
@@ -29,11 +31,29 @@ FLOORS = [
     ("redis-plain", "redis-py LPUSH + RPOP per job", "redis"),
     ("redis-pipelined", "redis-py LPUSH + RPOP, 1,000 pairs per pipeline", "redis"),
 ]
-LOWER_IS_BETTER = {"step-overhead", "pickup", "commits-per-job", "commits-per-run"}
+LOWER_IS_BETTER = {
+    "step-overhead",
+    "pickup",
+    "commits-per-job",
+    "commits-per-run",
+    "trips-per-job",
+    "trips-per-run",
+}
+# Derived rows: (figure it is read from, the row, the key in that figure's runs).
+PER_JOB = [
+    ("processing", "commits-per-job", "commits_per_job"),
+    ("durable", "commits-per-run", "commits_per_job"),
+    ("processing", "trips-per-job", "round_trips_per_job"),
+    ("durable", "trips-per-run", "round_trips_per_job"),
+]
 
 
 def derive(results: Results) -> None:
-    """Add per-step overhead: (1/durable rate - 1/no-op rate) / 3, in ms, for each system."""
+    """Add the derived rows for each system.
+
+    Per-step overhead is (1/durable rate - 1/no-op rate) / 3, in ms; the per-job rows copy the
+    commits and round trips the processing and durable figures counted.
+    """
     systems = {system for (_, system) in results.figures}
     for system in systems:
         durable = results.figures.get(("durable", system))
@@ -44,14 +64,14 @@ def derive(results: Results) -> None:
         if d and p:
             entry = results.get("step-overhead", system)
             entry.runs = [{"value": (1 / d - 1 / p) / 3 * 1000, "unit": "ms"}]
-    for source, target in (("processing", "commits-per-job"), ("durable", "commits-per-run")):
+    for source, target, key in PER_JOB:
         for system in systems:
             found = results.figures.get((source, system))
             if found is None:
                 continue
-            commits = found.value("commits_per_job")
-            if commits is not None:
-                results.get(target, system).runs = [{"value": commits, "unit": "commits"}]
+            count = found.value(key)
+            if count is not None:
+                results.get(target, system).runs = [{"value": count, "unit": key}]
 
 
 def _fmt(results: Results, figure: str, system: str) -> str:
