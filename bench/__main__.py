@@ -169,8 +169,9 @@ def _figures(
                 for name, n in floors:
                     results.record(name, "floor", lambda name=name, n=n: suite.floor(name, n))
     finally:
-        suite.cleanup_ours()
-        suite.cleanup_floors()
+        suite.cleanup_ours(drivers)
+        if not args.no_floors:
+            suite.cleanup_floors()
         for peer in peers.values():
             peer.cleanup()
 
@@ -202,7 +203,7 @@ def _rss(args: argparse.Namespace, drivers: list[str], results: Results) -> None
                 lambda d=driver: suite.ours_rss(d, checkpoints, args.concurrency),
             )
     finally:
-        suite.cleanup_ours()
+        suite.cleanup_ours(drivers)
 
 
 def _settings(

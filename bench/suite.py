@@ -208,11 +208,13 @@ def ours_rss(driver: str, checkpoints: list[int], concurrency: int) -> dict[str,
     )
 
 
-def cleanup_ours() -> None:
-    """Drop what our figures created."""
+def cleanup_ours(drivers: list[str]) -> None:
+    """Drop what our figures on ``drivers`` created (nothing of a backend this run left alone)."""
     try:
-        drop_database(OURS_DB)
-        flush_redis("ours")
+        if "pg" in drivers:
+            drop_database(OURS_DB)
+        if "redis" in drivers:
+            flush_redis("ours")
     except Exception as exc:  # a server may be down; nothing else to clean
         print(f"  cleanup: {exc}", file=sys.stderr)
 
