@@ -23,6 +23,7 @@ PINS = {
     "opentelemetry-api": "opentelemetry-api==1.45.2",
     "opentelemetry-sdk": "opentelemetry-sdk==1.45.2",
     "redis": "redis==8.1.0",
+    "hiredis": "hiredis==3.5.0",
 }
 
 CORE = "packages/jobs-core"
@@ -77,7 +78,7 @@ def typecheck(session: nox.Session) -> None:
         PINS["types-croniter"],
         PINS["opentelemetry-api"],
     )
-    session.install("-e", REDIS, PINS["redis"])
+    session.install("-e", REDIS, PINS["redis"], PINS["hiredis"])
     session.install("-e", PG)
     session.run("mypy")
 
@@ -101,7 +102,9 @@ def conformance_memory(session: nox.Session) -> None:
 @nox.session(name="tests-redis", python=PYTHON)
 def tests_redis(session: nox.Session) -> None:
     """Run jobs-redis's own tests against the Redis server at 127.0.0.1:6379 (fails if down)."""
-    session.install("-e", CORE, "-e", CONFORMANCE, "-e", REDIS, PINS["redis"], *TEST_DEPS)
+    session.install(
+        "-e", CORE, "-e", CONFORMANCE, "-e", REDIS, PINS["redis"], PINS["hiredis"], *TEST_DEPS
+    )
     session.run(
         "pytest", f"{REDIS}/tests", "-m", "not slow and not conformance", "-q", *session.posargs
     )
@@ -110,7 +113,9 @@ def tests_redis(session: nox.Session) -> None:
 @nox.session(name="conformance-redis", python=PYTHON)
 def conformance_redis(session: nox.Session) -> None:
     """Run the jobs-conformance suite against the Redis driver (its tests' conftest opts in)."""
-    session.install("-e", CORE, "-e", CONFORMANCE, "-e", REDIS, PINS["redis"], *TEST_DEPS)
+    session.install(
+        "-e", CORE, "-e", CONFORMANCE, "-e", REDIS, PINS["redis"], PINS["hiredis"], *TEST_DEPS
+    )
     session.run("pytest", f"{REDIS}/tests", "-m", "conformance", "-q", *session.posargs)
 
 
@@ -149,6 +154,7 @@ def demo(session: nox.Session) -> None:
 BENCH_PINS = {
     "psycopg": "psycopg[binary]==3.3.9",
     "redis": "redis==8.1.0",
+    "hiredis": "hiredis==3.5.0",
     "pyinstrument": "pyinstrument==5.1.3",
 }
 BENCH_ARQ = "arq==0.28.0"

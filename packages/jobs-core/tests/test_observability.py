@@ -383,6 +383,67 @@ def test_without_opentelemetry_the_tracing_paths_are_inert() -> None:
     assert done.stdout.split("\n")[:2] == ["False None None done", "False"]
 
 
+API_ONLY = """
+import asyncio
+from opentelemetry import context, trace
+from pydantic import BaseModel
+from jobs_core import JobFilter, job, use_driver
+from jobs_core.drivers.memory import MemoryDriver
+from jobs_core.testing import run_jobs
+
+class Item(BaseModel):
+    key: str
+
+@job(input=Item, idempotency_key=lambda i: i.key, tenant="none", name="child")
+async def child(input, step, ctx):
+    pass
+
+@job(input=Item, idempotency_key=lambda i: i.key, tenant="none", name="parent")
+async def parent(input, step, ctx):
+    await child.enqueue(Item(key="child-of-" + input.key))
+
+async def main():
+    driver = MemoryDriver()
+    remote = trace.NonRecordingSpan(trace.SpanContext(
+        trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736, span_id=0x00F067AA0BA902B7,
+        is_remote=True, trace_flags=trace.TraceFlags(1),
+    ))
+    with use_driver(driver):
+        token = context.attach(trace.set_span_in_context(remote))
+        traced = await parent.enqueue(Item(key="a"))
+        context.detach(token)
+        untraced = await parent.enqueue(Item(key="b"))
+        await run_jobs(driver)
+        page = await driver.introspect.list(JobFilter())
+        rows = {r.idempotency_key: r for r in page.rows}
+    print(type(trace.get_tracer_provider()).__name__)
+    print(rows["a"].traceparent == rows["child-of-a"].traceparent, rows["a"].traceparent)
+    print(rows["b"].traceparent, rows["child-of-b"].traceparent)
+
+asyncio.run(main())
+"""
+
+
+def test_with_the_api_but_no_sdk_a_row_traceparent_still_reaches_the_body() -> None:
+    # No span records without an SDK, but the row's trace context must still be current in the
+    # body so its enqueues join that trace; a row without one has none to pass on.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(API_ONLY)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == [
+        "ProxyTracerProvider",
+        "True 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "None None",
+    ]
+
+
 # --- logs ------------------------------------------------------------------------------------
 
 

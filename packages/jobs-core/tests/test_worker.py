@@ -151,6 +151,43 @@ async def test_drain_past_its_budget_abandons_and_closes_the_driver(
         await driver.stats()
 
 
+@pytest.mark.parametrize(
+    ("options", "in_step"),
+    [({}, False), ({"timeout": "10s"}, False), ({}, True), ({"step_timeout": "10s"}, True)],
+    ids=["body", "body-with-timeout", "step", "step-with-timeout"],
+)
+async def test_a_drain_past_its_budget_cancels_the_async_body_it_abandons(
+    registry: JobRegistry, options: dict[str, str], in_step: bool
+) -> None:
+    # The body does not run on unseen after the driver is closed: its await is cancelled, whether
+    # it runs in the attempt's task or (with a deadline) in a task of its own, in a step or not.
+    driver = MemoryDriver()
+    cancelled = asyncio.Event()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    @task_job(registry, "stubborn", **options)
+    async def body(input: Task, step: Any, ctx: Any) -> None:
+        if in_step:
+            await step.run("hold", stubborn)
+        else:
+            await stubborn()
+
+    with use_driver(driver):
+        await body.enqueue(Task(key="a"))
+    worker = Worker(driver, registry=registry, poll_interval="5ms", drain_timeout="100ms")
+    running = asyncio.create_task(worker.run())
+    await wait_for(lambda: _any_running(worker))
+    await worker.drain()
+    await asyncio.wait_for(running, 5)
+    await asyncio.wait_for(cancelled.wait(), 5)
+
+
 async def _any_running(worker: Worker) -> bool:
     return worker.stats().in_flight > 0
 

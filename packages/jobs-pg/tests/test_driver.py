@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -153,6 +154,55 @@ async def test_a_repeated_explicit_id_in_one_batch_meets_the_first(driver: Postg
     assert (await info(driver, job_id)).idempotency_key == "a"
 
 
+async def test_the_enqueue_statement_is_planned_once_per_connection(
+    pg_url: str, migrated: str
+) -> None:
+    """A prepared enqueue keeps its generic plan: single enqueues and batches are not re-planned.
+
+    Typed arrays unnested showed the planner the batch size, so every single enqueue was
+    planned again (custom plan), and a 1,000-row plan was costly enough to be JIT-compiled.
+    """
+    driver = PostgresDriver(pg_url, schema=migrated, min_size=1, max_size=1)
+    try:
+        for i in range(10):
+            await driver.enqueue(request(f"one-{i}"))
+        for b in range(5):
+            await driver.enqueue_many([request(f"many-{b}-{i}") for i in range(200)])
+        async with driver._db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                "WHERE statement LIKE %s",
+                ("%INSERT INTO%jobs%ON CONFLICT DO NOTHING%",),
+            )
+            [(generic, custom)] = await cur.fetchall()
+        # Postgres tries five custom plans before it compares them with the generic one.
+        assert custom <= 5
+        assert generic >= 10
+    finally:
+        await driver.close()
+
+
+async def test_pool_connections_never_jit_compile(driver: PostgresDriver) -> None:
+    """JIT is off on every pool connection.
+
+    A 1,000-row enqueue's plan once crossed ``jit_above_cost`` and spent most of its time
+    compiling.
+    """
+    async with driver._db.connection() as conn:
+        cur = await conn.execute("SHOW jit")
+        assert await cur.fetchone() == ("off",)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [None, "text", 0, 12345678901234567890123, 1.5, [], {"a": [1, {"b": None}], "é": "\\u0000"}],
+)
+async def test_every_json_input_round_trips(driver: PostgresDriver, payload: Any) -> None:
+    """A JSON null input is stored as JSON null (not refused), a literal backslash-u0000 kept."""
+    [result] = await driver.enqueue_many([replace(request("k"), input=payload)])
+    assert (await info(driver, result.id)).input == payload
+
+
 async def test_concurrent_enqueuers_of_one_key_make_one_live_row(
     driver_factory: Any,
 ) -> None:
@@ -251,6 +301,39 @@ async def test_a_lapsed_lease_is_reclaimed_and_the_stale_claim_fenced(
     assert await timed.ack(second.id, Settle(second.fence, result={"by": "w2"}))
     row = await info(timed, result.id)
     assert (row.state, row.attempt, row.result, row.steps) == (JobState.DONE, 2, {"by": "w2"}, ())
+
+
+async def test_a_claim_skips_the_lapse_scan_while_no_lease_lapsed(driver: PostgresDriver) -> None:
+    """Settled rows leave dead entries in ``jobs_lapse``: only the probe walks them, not the arm.
+
+    Without autovacuum the lapsed arm (a bitmap scan) fetched every dead row version behind the
+    index at every claim: 30 ms per claim after 200k jobs. The probe's ordered index walk marks
+    the entries dead as it passes them, and the arm runs only when the probe found a lapse.
+    """
+    await driver.enqueue_many([request(f"k{i}") for i in range(50)])
+    for job in await claim(driver, limit=50):
+        assert await driver.ack(job.id, Settle(job.fence))
+    await driver.enqueue(request("held"))
+    [held] = await claim(driver, vt=60_000)
+    db = driver._db
+    params = db.params(
+        {
+            "queues": ["default"],
+            "limit": 10,
+            "lease_ms": 30_000,
+            "worker": "w1",
+            "drop": [],
+            "reason": LEASE_LAPSED_FINAL_ATTEMPT,
+        }
+    )
+    async with db.connection() as conn, conn.transaction(force_rollback=True):
+        cur = await conn.execute(b"EXPLAIN (ANALYZE) " + db.statements["claim"], params)
+        plan = [row[0] for row in await cur.fetchall()]
+    probe = [line for line in plan if "jobs_lapse on jobs probe" in line]
+    arm = [line for line in plan if "jobs_lapse" in line and line not in probe]
+    assert probe and "never executed" not in probe[0]
+    assert arm and all("never executed" in line for line in arm)
+    assert await driver.ack(held.id, Settle(held.fence))
 
 
 @pytest.mark.parametrize(("dropped", "state"), [(False, JobState.DEAD), (True, JobState.FAILED)])

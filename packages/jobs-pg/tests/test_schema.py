@@ -68,7 +68,7 @@ DECLARED_TABLES = {
         "task text!, occurrence timestamptz!, watermark timestamptz!, fired_at timestamptz!,"
         "job_ids _uuid!"
     ),
-    "wake_slots": ("queue text!, slot int8!"),
+    "wake_slots": ("queue text!, slot int8!, armed bool!"),
     "workers": (
         "id text!, host text!, build text!, started_at timestamptz!, queues _text!,"
         "slots int4!, in_flight _uuid!, last_heartbeat timestamptz!, draining_at timestamptz,"
@@ -125,7 +125,24 @@ async def test_the_migrated_schema_is_the_declared_one(pg_url: str, migrated: st
     primary = {name for name in indexes if name.endswith("_pkey")}
     assert set(indexes) == set(DECLARED_INDEXES) | primary
     assert primary == {f"{table}_pkey" for table in DECLARED_TABLES}
-    assert functions == ["wake"]
+    assert sorted(functions) == ["wake", "wake_arm"]
+
+
+async def test_autovacuum_visits_the_jobs_table_early(pg_url: str, migrated: str) -> None:
+    """Claims step over the index entries of rows settled since the last vacuum (0003)."""
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        cur = await conn.execute(
+            "SELECT c.reloptions FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = 'jobs'",
+            (migrated,),
+        )
+        [(options,)] = await cur.fetchall()
+    assert sorted(options) == [
+        "autovacuum_analyze_scale_factor=0.02",
+        "autovacuum_vacuum_insert_scale_factor=0.02",
+        "autovacuum_vacuum_scale_factor=0.02",
+        "autovacuum_vacuum_threshold=1000",
+    ]
 
 
 async def test_concurrent_migrates_all_succeed_and_apply_each_file_once(
@@ -180,7 +197,7 @@ async def test_every_statement_plans_against_the_migrated_schema(
                     order.append(found[1])
                 return f"${order.index(found[1]) + 1}"
 
-            numbered = re.sub(r"%\((\w+)\)s", number, text)
+            numbered = re.sub(r"%\((\w+)\)[sb]", number, text)
             await conn.execute(f"PREPARE probe AS {numbered}")  # type: ignore[arg-type]
             nulls = ", ".join(["NULL"] * len(order))
             await conn.execute(f"EXPLAIN EXECUTE probe{f'({nulls})' if order else ''}")  # type: ignore[arg-type]
@@ -199,7 +216,8 @@ def _jobs(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_jobs_pg_migrate_and_sql(pg_url: str, schema: str) -> None:
     first = _jobs("migrate", "--driver", pg_url, "--schema", schema)
-    assert (first.returncode, first.stdout) == (0, "applied 0001_initial.sql\n"), first.stderr
+    applied = "".join(f"applied {m.name}\n" for m in migrations())
+    assert (first.returncode, first.stdout) == (0, applied), first.stderr
     again = _jobs("migrate", "--driver", pg_url, "--schema", schema)
     assert again.stdout == f"schema '{schema}' is up to date\n"
     printed = _jobs("sql", "--schema", "review")

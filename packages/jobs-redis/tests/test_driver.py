@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -47,7 +49,8 @@ from jobs_core.types import (
     StepRecord,
     StepWrite,
 )
-from jobs_redis import RedisDriver, open_redis_driver
+from jobs_redis import RedisDriver, _driver, open_redis_driver
+from jobs_redis._scripts import Script
 from redis_helpers import claim, request
 
 
@@ -590,6 +593,112 @@ async def test_step_error_text_may_hold_anything(driver: RedisDriver) -> None:
     assert await driver.steps.write(StepWrite(None, None, run_id, record))
     [loaded] = await driver.steps.load(run_id)
     assert (loaded.error, loaded.attempts) == (odd, 2)
+
+
+def count_scripts(driver: RedisDriver, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Count the driver's script calls (round trips) by script name from now on."""
+    calls: Counter[str] = Counter()
+    run = driver._conn.run
+
+    async def counted(script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        calls[script.name] += 1
+        return await run(script, keys, args)
+
+    monkeypatch.setattr(driver._conn, "run", counted)
+    return calls
+
+
+async def test_a_claim_carries_its_runs_steps_to_the_first_load(
+    driver: RedisDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await driver.enqueue(request("stepped"))
+    await driver.enqueue(request("fresh"))
+    [job] = await claim(driver, limit=1)
+    record = StepRecord("a", "completed", output={"n": 1})
+    assert await driver.steps.write(StepWrite(job.id, job.fence, job.run_id, record))
+    assert await driver.nack(job.id, NackOptions(job.fence, count_attempt=False))
+    calls = count_scripts(driver, monkeypatch)
+    fresh, again = await claim(driver)
+    assert again.id == job.id
+    assert [(s.name, s.seq, s.output) for s in await driver.steps.load(again.run_id)] == [
+        ("a", 0, {"n": 1})
+    ]
+    assert await driver.steps.load(fresh.run_id) == []
+    assert calls == Counter({"claim": 1})
+    # Only the first load is answered from the claim; a write goes to the server and so does
+    # every later load.
+    assert [s.name for s in await driver.steps.load(again.run_id)] == ["a"]
+    assert calls["step_load"] == 1
+    await driver.enqueue(request("third"))
+    [third] = await claim(driver)
+    record = StepRecord("b", "completed")
+    assert await driver.steps.write(StepWrite(third.id, third.fence, third.run_id, record))
+    assert [s.name for s in await driver.steps.load(third.run_id)] == ["b"]
+    assert calls["step_load"] == 2
+
+
+async def test_preloaded_steps_are_capped(
+    driver: RedisDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_driver, "PRELOADED_KEPT", 2)
+    for key in ("a", "b", "c"):
+        await driver.enqueue(request(key))
+    first, second, third = await claim(driver)
+    assert list(driver._s.preloaded) == [second.run_id, third.run_id]
+    calls = count_scripts(driver, monkeypatch)
+    assert await driver.steps.load(first.run_id) == []
+    assert calls == Counter({"step_load": 1})
+
+
+async def test_acks_made_together_share_one_call_and_keep_their_order(
+    driver: RedisDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(40):
+        await driver.enqueue(request(f"k{i}"))
+    jobs = await claim(driver, limit=40)
+    calls = count_scripts(driver, monkeypatch)
+    first = jobs[0]
+    intruder = Settle(Fence("intruder", first.claim))
+    answers = await asyncio.gather(
+        driver.ack(first.id, intruder),
+        driver.ack(first.id, Settle(first.fence, result={"r": 1})),
+        driver.ack(first.id, Settle(first.fence)),
+        *(driver.ack(job.id, Settle(job.fence)) for job in jobs[1:]),
+    )
+    assert answers == [False, True, False] + [True] * 39
+    assert calls == Counter({"ack": 1})
+    assert (await info(driver, first.id)).result == {"r": 1}
+    [stats] = await driver.stats()
+    assert (stats.done, stats.running) == (40, 0)
+
+
+async def test_acks_past_the_batch_cap_take_more_calls(
+    driver: RedisDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_driver, "ACK_BATCH", 16)
+    for i in range(40):
+        await driver.enqueue(request(f"k{i}"))
+    jobs = await claim(driver, limit=40)
+    calls = count_scripts(driver, monkeypatch)
+    answers = await asyncio.gather(*(driver.ack(job.id, Settle(job.fence)) for job in jobs))
+    assert answers == [True] * 40
+    assert calls == Counter({"ack": 3})
+
+
+async def test_acks_from_several_event_loops(driver: RedisDriver) -> None:
+    for key in ("a", "b", "c"):
+        await driver.enqueue(request(key))
+    a, b, c = await claim(driver)
+
+    def on_a_fresh_loop(job_id: Any, fence: Fence) -> bool:
+        return asyncio.run(driver.ack(job_id, Settle(fence)))
+
+    assert await asyncio.to_thread(on_a_fresh_loop, a.id, a.fence)
+    assert await driver.ack(b.id, Settle(b.fence))
+    assert await asyncio.to_thread(on_a_fresh_loop, c.id, c.fence)
+    assert not await asyncio.to_thread(on_a_fresh_loop, c.id, c.fence)
+    # A finished loop's queue is dropped once another loop acks.
+    assert len(driver._acks._pending) <= 2
 
 
 # --- done_ttl --------------------------------------------------------------------------------

@@ -261,3 +261,54 @@ async def test_a_frozen_server_is_refused_after_the_command_timeout_and_the_wake
     assert events.count("jobs.wake.lost") == 1 and "jobs.wake.live" in events
     await unsubscribe()
     await driver.close()
+
+
+async def test_a_server_that_never_answers_bounds_every_call_and_the_wake(
+    unused_tcp_port: int,
+) -> None:
+    """A listener that accepts and never replies: the handshake itself must be bounded too."""
+    silent: list[asyncio.StreamWriter] = []
+
+    async def accept(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        silent.append(writer)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", unused_tcp_port)
+    driver = RedisDriver(
+        f"redis://127.0.0.1:{unused_tcp_port}/0", prefix="silent", command_timeout="300ms"
+    )
+    try:
+        for call in (driver.enqueue(request("k")), claim(driver), driver.operator.paused_queues()):
+            started = time.perf_counter()
+            with pytest.raises(DriverUnavailableError):
+                await call
+            assert time.perf_counter() - started < 1.5
+        started = time.perf_counter()
+        unsubscribe = await driver.wake.subscribe(print)
+        assert time.perf_counter() - started < 1.5
+        assert not driver.wake.healthy
+        await unsubscribe()
+    finally:
+        await driver.close()
+        for writer in silent:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_command_is_sent_without_a_task_of_its_own(
+    throwaway: Throwaway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py's socket_timeout sends through asyncio.wait_for (a task and two loop passes on
+    Python 3.11); the driver bounds the whole call with one asyncio.timeout instead."""
+    import redis.asyncio.connection as redis_connection
+
+    async def no_wait_for(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("a command went through asyncio.wait_for")
+
+    driver = await RedisDriver.connect(throwaway.url, prefix="inline")
+    monkeypatch.setattr(redis_connection.asyncio, "wait_for", no_wait_for)
+    assert not (await driver.enqueue(request("k"))).deduped
+    [job] = await claim(driver)
+    monkeypatch.undo()
+    await driver.close()
+    assert job.idempotency_key == "k"

@@ -70,6 +70,17 @@ def home_loop(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
         _home_loop.reset(token)
 
 
+def bind_worker(driver: JobDriver, loop: asyncio.AbstractEventLoop) -> None:
+    """Set ``driver`` and the home ``loop`` in the current context, with no reset.
+
+    For a context made to be copied into each attempt's task (``Context.run(bind_worker, ...)``):
+    one binding then serves every attempt, instead of a ``use_driver`` and a :func:`home_loop`
+    block entered and left per job.
+    """
+    _context_driver.set(driver)
+    _home_loop.set(loop)
+
+
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` to completion from synchronous code and answer its result.
 

@@ -4,7 +4,8 @@ An enqueue stamps the current span's W3C ``traceparent`` on the row
 (:func:`current_traceparent`); the worker runs each attempt inside a span that is a child of it
 (:func:`attempt_span`), so the job's work joins the trace of the request that asked for it, and
 the body's own spans and enqueues nest under the attempt. Without the package both are inert: no
-header is stamped and no span is opened, at the cost of one ``None`` check.
+header is stamped and no span is opened, at the cost of one ``None`` check. With the API but no
+SDK, a row without a ``traceparent`` opens no span either (it would record nothing).
 
 The header is the W3C text form rather than OpenTelemetry's context object so that a row written
 by one process (or language) is read by another; the API's own propagator writes and reads it.
@@ -12,6 +13,7 @@ by one process (or language) is read by another; the API's own propagator writes
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -58,11 +60,13 @@ def attempt_span(job: ClaimedJob) -> Iterator[Callable[[str], None]]:
     outcome (an attribute, and an error status for a failure). Without OpenTelemetry nothing is
     opened and the function does nothing.
     """
-    if _trace is None:
+    if _trace is None or (job.traceparent is None and _without_sdk()):
+        # Without an SDK the API's span would be a non-recording copy of the current one (and a
+        # row without a traceparent gives it no other parent): opening it changes nothing.
         yield _ignore
         return
     parent = _propagator.extract({"traceparent": job.traceparent}) if job.traceparent else None
-    tracer = _trace.get_tracer("jobs_core")
+    tracer = _tracer()
     attributes: dict[str, str | int] = {
         "jobs.job.name": job.name,
         "jobs.job.id": str(job.id),
@@ -80,6 +84,23 @@ def attempt_span(job: ClaimedJob) -> Iterator[Callable[[str], None]]:
                 span.set_status(_trace.Status(_trace.StatusCode.ERROR, value))
 
         yield outcome
+
+
+@functools.cache
+def _tracer() -> Any:
+    """Answer this library's tracer, looked up once (the lookup reads ``os.environ`` each time).
+
+    Taken before an SDK provider is installed it is the API's proxy tracer, which forwards to the
+    provider installed later; the API lets a process install its provider only once.
+    """
+    return _trace.get_tracer("jobs_core")
+
+
+def _without_sdk() -> bool:
+    """Answer whether no SDK tracer provider is installed (the API's spans record nothing)."""
+    return isinstance(
+        _trace.get_tracer_provider(), _trace.ProxyTracerProvider | _trace.NoOpTracerProvider
+    )
 
 
 def _ignore(_outcome: str) -> None:

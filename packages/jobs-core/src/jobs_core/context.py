@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -23,22 +23,27 @@ class CancelSignal:
     its attempt's: firing the parent fires the child.
     """
 
+    __slots__ = ("_children", "_event", "_flag", "_lock", "_loop", "_reason")
+
     def __init__(self) -> None:
         """Create an unfired signal bound to the running loop, if any."""
-        self._flag = threading.Event()
-        self._event = asyncio.Event()
+        # The events are made on the first wait: most signals never fire and nobody waits on
+        # them, and a threading.Event costs a Condition and two locks (one per job and step).
+        # ``_reason`` is the flag itself; the lock orders it against a waiter making its event.
+        self._flag: threading.Event | None = None
+        self._event: asyncio.Event | None = None
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
         self._reason: JobsError | None = None
-        self._children: list[CancelSignal] = []
+        self._children: list[CancelSignal] | None = None
         self._lock = threading.Lock()
 
     @property
     def is_set(self) -> bool:
         """Whether the signal has fired."""
-        return self._flag.is_set()
+        return self._reason is not None
 
     @property
     def reason(self) -> JobsError | None:
@@ -51,29 +56,33 @@ class CancelSignal:
         Safe to call from any thread.
         """
         with self._lock:
-            if self._flag.is_set():
+            if self._reason is not None:
                 return
             self._reason = reason
-            self._flag.set()
-            children = list(self._children)
-        if self._loop is not None and not self._loop.is_closed():
-            try:
-                running = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if running is self._loop:
-                self._event.set()
+            flag, event, children = self._flag, self._event, self._children
+        if flag is not None:
+            flag.set()
+        if event is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                try:
+                    running = asyncio.get_running_loop()
+                except RuntimeError:
+                    running = None
+                if running is self._loop:
+                    event.set()
+                else:
+                    self._loop.call_soon_threadsafe(event.set)
             else:
-                self._loop.call_soon_threadsafe(self._event.set)
-        else:
-            self._event.set()
-        for child in children:
+                event.set()
+        for child in children or ():
             child.fire(reason)
 
     def child(self) -> CancelSignal:
         """Answer a new signal that fires when this one does (already fired if this one has)."""
         sub = CancelSignal()
         with self._lock:
+            if self._children is None:
+                self._children = []
             self._children.append(sub)
             reason = self._reason
         if reason is not None:
@@ -82,9 +91,17 @@ class CancelSignal:
 
     async def wait(self) -> JobsError:
         """Wait until the signal fires; answer its reason."""
-        await self._event.wait()
-        assert self._reason is not None
-        return self._reason
+        with self._lock:
+            reason = self._reason
+            if reason is None and self._event is None:
+                self._event = asyncio.Event()
+            event = self._event
+        if reason is None:
+            assert event is not None
+            await event.wait()
+            reason = self._reason
+        assert reason is not None
+        return reason
 
     def wait_sync(self, timeout: float | None = None) -> bool:
         """Block a worker thread until the signal fires or ``timeout`` seconds pass.
@@ -92,13 +109,57 @@ class CancelSignal:
         Returns:
             Whether the signal fired.
         """
-        return self._flag.wait(timeout)
+        with self._lock:
+            if self._reason is not None:
+                return True
+            if self._flag is None:
+                self._flag = threading.Event()
+            flag = self._flag
+        return flag.wait(timeout)
 
     def raise_if_cancelled(self) -> None:
         """Raise the firing error (``X_DRAINING``, ``X_JOB_TIMEOUT``, ...) if the signal fired."""
         reason = self._reason
         if reason is not None:
             raise type(reason)(reason.message, **reason.meta)
+
+
+class JobIds(Mapping[str, object]):
+    """The ids a :class:`JobLogger` binds (``job_id``, ``run_id``, ``attempt``), as a mapping.
+
+    The UUIDs become text on the first read, not per attempt: most bodies never log.
+    """
+
+    __slots__ = ("_attempt", "_fields", "_job_id", "_run_id")
+
+    def __init__(self, job_id: UUID | None, run_id: UUID, attempt: int | None) -> None:
+        """Bind ``run_id`` and, when given, ``job_id`` and ``attempt``."""
+        self._job_id = job_id
+        self._run_id = run_id
+        self._attempt = attempt
+        self._fields: dict[str, object] | None = None
+
+    def _built(self) -> dict[str, object]:
+        fields = self._fields
+        if fields is None:
+            fields = {} if self._job_id is None else {"job_id": str(self._job_id)}
+            fields["run_id"] = str(self._run_id)
+            if self._attempt is not None:
+                fields["attempt"] = self._attempt
+            self._fields = fields
+        return fields
+
+    def __getitem__(self, key: str) -> object:
+        """Answer the bound value of ``key`` (``KeyError`` if unbound)."""
+        return self._built()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        """Iterate over the bound keys."""
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        """Answer how many fields are bound."""
+        return len(self._built())
 
 
 class JobLogger(logging.LoggerAdapter[logging.Logger]):

@@ -31,8 +31,15 @@ from typing import Any, Literal, cast
 
 from jobs_core._threads import run_in_thread
 from jobs_core.clock import SYSTEM_CLOCK, Clock
-from jobs_core.context import CancelSignal, JobContext, JobLogger
-from jobs_core.driver import EventBus, JobDriver, LeaseRequest, LeaseStore, capability
+from jobs_core.context import CancelSignal, JobContext, JobIds, JobLogger
+from jobs_core.driver import (
+    EventBus,
+    Introspector,
+    JobDriver,
+    LeaseRequest,
+    LeaseStore,
+    capability,
+)
 from jobs_core.errors import (
     CompensationFailedError,
     DrainingError,
@@ -101,11 +108,13 @@ class AttemptEnv:
     draining: bool = False
     events: EventBus | None = field(init=False)
     leases: LeaseStore | None = field(init=False)
+    introspect: Introspector | None = field(init=False)
 
     def __post_init__(self) -> None:
         """Resolve the driver's optional stores once."""
         self.events = capability(self.driver, "events")
         self.leases = capability(self.driver, "leases")
+        self.introspect = capability(self.driver, "introspect")
 
 
 @dataclass(slots=True)
@@ -166,14 +175,18 @@ async def execute(env: AttemptEnv, attempt: Attempt) -> Outcome:
         await notify_settled(env, handle, attempt, refused, None, job.tenant_id)
         return refused
     tenant = job.tenant_id or declared
-    outcome: Outcome | None = await _acquire_slot(env, attempt, handle, value)
+    # The guards here skip awaiting a coroutine that would return at once (most jobs).
+    outcome: Outcome | None = None
+    if handle.concurrency is not None and env.leases is not None:
+        outcome = await _acquire_slot(env, attempt, handle, value)
     if outcome is None:
         try:
             outcome = await _run(env, attempt, handle, value, tenant)
         finally:
             if attempt.slot is not None and env.leases is not None:
                 await env.leases.release(attempt.slot.key, attempt.slot.holder)
-    await notify_settled(env, handle, attempt, outcome, value, tenant)
+    if handle.on_settled is not None:
+        await notify_settled(env, handle, attempt, outcome, value, tenant)
     return outcome
 
 
@@ -212,11 +225,12 @@ async def _run(
     env: AttemptEnv, attempt: Attempt, handle: JobHandle[Any, Any], value: Any, tenant: str | None
 ) -> Outcome:
     job = attempt.job
+    fence = job.fence  # a property that builds a Fence per read
     records = await env.driver.steps.load(job.run_id)
     runner = StepRunner(
         store=env.driver.steps,
         job_id=job.id,
-        fence=job.fence,
+        fence=fence,
         run_id=job.run_id,
         job_name=job.name,
         records=records,
@@ -241,11 +255,8 @@ async def _run(
         final_attempt=job.attempt >= handle.retry.attempts,
         tenant_id=tenant,
         cancel=attempt.cancel,
-        log=JobLogger(
-            logging.getLogger(f"jobs.job.{job.name}"),
-            {"job_id": str(job.id), "run_id": str(job.run_id), "attempt": job.attempt},
-        ),
-        _report=_progress_reporter(env, job),
+        log=JobLogger(_job_logger(job.name), JobIds(job.id, job.run_id, job.attempt)),
+        _report=None if env.introspect is None else _ProgressReporter(env, env.introspect, job),
     )
     started = env.clock.monotonic()
     try:
@@ -271,7 +282,7 @@ async def _run(
             extra={"event": "jobs.result.unserializable", "job": job.name, "job_id": str(job.id)},
         )
         stored = None
-    settle = Settle(job.fence, result=stored, duration_ms=(env.clock.monotonic() - started) * 1000)
+    settle = Settle(fence, result=stored, duration_ms=(env.clock.monotonic() - started) * 1000)
     landed = await env.driver.ack(job.id, settle)
     attempt.settled = True
     return "completed" if landed else _lost(job, "ack")
@@ -290,19 +301,28 @@ async def call_body(
 
     At the deadline the cancel signal fires with ``X_JOB_TIMEOUT`` and step writes are refused,
     then :class:`~jobs_core.errors.JobTimeoutError` is raised; a body that finishes later is
-    logged ``jobs.timeout.abandoned``.
+    logged ``jobs.timeout.abandoned``. Cancelling the caller (a drain past its budget) cancels an
+    async body too.
     """
     loop = asyncio.get_running_loop()
-    with acting_as(Actor(id=f"job:{handle.name}", org_id=tenant)):
+    with acting_as(_actor(handle.name, tenant)):
         if handle.is_async:
+            if timeout_ms is None:
+                # No deadline to watch: the body runs in the attempt's own task (a task of its
+                # own would cost two more loop turns per job).
+                return await _guarded(handle.body(value, runner, ctx))
             pending: asyncio.Future[Any] = asyncio.ensure_future(
                 _guarded(handle.body(value, runner, ctx))
             )
         else:
             pending = run_in_thread(_guarded_sync, handle.body, value, SyncStep(runner, loop), ctx)
-    done, _ = await asyncio.wait(
-        {pending}, timeout=None if timeout_ms is None else timeout_ms / 1000
-    )
+    try:
+        done, _ = await asyncio.wait(
+            {pending}, timeout=None if timeout_ms is None else timeout_ms / 1000
+        )
+    except asyncio.CancelledError:
+        pending.cancel()
+        raise
     if not done:
         error = JobTimeoutError(f"{handle.name} outlived its timeout ({timeout_ms} ms)")
         ctx.cancel.fire(error)
@@ -348,25 +368,45 @@ def _abandoned(name: str, job_id: Any, _future: asyncio.Future[Any]) -> None:
     )
 
 
-def _progress_reporter(env: AttemptEnv, job: ClaimedJob) -> Callable[[JSONValue], None] | None:
-    introspect = capability(env.driver, "introspect")
-    if introspect is None:
-        return None
-    loop = asyncio.get_running_loop()
-    state: dict[str, Any] = {"last": 0.0, "pending": None}
+@functools.cache
+def _job_logger(name: str) -> logging.Logger:
+    """Answer the logger of job ``name`` (one per declared job, so the cache stays small)."""
+    return logging.getLogger(f"jobs.job.{name}")
 
-    def write(progress: JSONValue) -> None:
-        task = loop.create_task(introspect.record_progress(job.id, job.fence, progress))
+
+@functools.lru_cache(maxsize=4096)
+def _actor(name: str, tenant: str | None) -> Actor:
+    """Answer the actor a body of job ``name`` acts as for ``tenant`` (immutable, so shared)."""
+    return Actor(id=f"job:{name}", org_id=tenant)
+
+
+class _ProgressReporter:
+    """``JobContext.progress``'s writer: at most one write per second, the latest value wins.
+
+    Callable from the loop or from a sync body's thread; the write runs on the worker's loop.
+    """
+
+    __slots__ = ("_clock", "_introspect", "_job", "_last", "_loop")
+
+    def __init__(self, env: AttemptEnv, introspect: Introspector, job: ClaimedJob) -> None:
+        """Report for ``job`` through ``introspect`` on the running loop."""
+        self._loop = asyncio.get_running_loop()
+        self._clock = env.clock
+        self._introspect = introspect
+        self._job = job
+        self._last = 0.0
+
+    def __call__(self, progress: JSONValue) -> None:
+        """Schedule ``progress``'s write unless one was scheduled less than a second ago."""
+        now = self._clock.monotonic()
+        if now - self._last >= 1.0:
+            self._last = now
+            self._loop.call_soon_threadsafe(self._write, progress)
+
+    def _write(self, progress: JSONValue) -> None:
+        job = self._job
+        task = self._loop.create_task(self._introspect.record_progress(job.id, job.fence, progress))
         task.add_done_callback(_swallow)
-
-    def report(progress: JSONValue) -> None:
-        # At most one write per second; the latest value wins.
-        now = env.clock.monotonic()
-        if now - state["last"] >= 1.0:
-            state["last"] = now
-            loop.call_soon_threadsafe(write, progress)
-
-    return report
 
 
 def _swallow(task: asyncio.Task[Any]) -> None:
@@ -538,7 +578,7 @@ async def notify_settled(
         if remaining <= 0:
             break
         try:
-            with acting_as(Actor(id=f"job:{handle.name}", org_id=tenant)):
+            with acting_as(_actor(handle.name, tenant)):
                 await asyncio.wait_for(_call_hook(env, hook, settled), remaining)
             return
         except Exception as exc:

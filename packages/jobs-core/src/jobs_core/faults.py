@@ -4,7 +4,8 @@ The step runner announces three boundaries of every step it runs (compensators a
 included): ``before`` (nothing of the step has happened), ``returned`` (its function returned and
 its output is not yet persisted) and ``persisted`` (its record landed). A test installs a hook that
 raises, cancels, or SIGKILLs its own process at a chosen boundary, then checks recovery by
-counting effects (``90-conformance.md``). With no hook installed a boundary costs one global read.
+counting effects (``90-conformance.md``). With no hook installed a boundary costs one global read
+(:func:`hooked`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def install_fault_hook(hook: FaultHook | None) -> None:
     """Install ``hook`` process-wide (``None`` removes it)."""
     global _hook
     _hook = hook
+
+
+def hooked() -> bool:
+    """Answer whether a hook is installed (callers skip building a boundary when none is)."""
+    return _hook is not None
 
 
 async def boundary(point: FaultPoint, job: str, run_id: UUID, step: str) -> None:

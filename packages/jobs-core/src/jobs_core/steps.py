@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import types
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -24,6 +26,7 @@ from uuid import UUID
 
 from pydantic import TypeAdapter, ValidationError
 
+from jobs_core import faults
 from jobs_core._durations import Duration, parse_duration
 from jobs_core._threads import run_in_thread
 from jobs_core.clock import Clock
@@ -43,7 +46,7 @@ from jobs_core.errors import (
     StepOutputUnserializableError,
     StepTimeoutError,
 )
-from jobs_core.faults import FaultPoint, boundary
+from jobs_core.faults import FaultPoint
 from jobs_core.serialization import NotJSONError, to_json_form
 from jobs_core.types import ErrorInfo, Fence, JSONValue, StepRecord, StepWrite
 
@@ -91,6 +94,26 @@ class Compensator:
     step: str
     fn: Callable[..., Any]
     output: JSONValue
+
+
+_SHAPES: weakref.WeakKeyDictionary[Callable[..., Any], tuple[bool, bool]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Plain function -> :func:`_shape` of it; an entry goes with its function."""
+
+
+def _shape(fn: Callable[..., Any]) -> tuple[bool, bool]:
+    """Answer whether ``fn`` takes ``cancel=`` and whether it is a coroutine function.
+
+    Cached per plain function: ``inspect.signature`` costs more than a no-op step's own write.
+    Bound methods, partials and callable objects are new objects per call, so they are not.
+    """
+    if type(fn) is not types.FunctionType:
+        return _accepts_cancel(fn), inspect.iscoroutinefunction(fn)
+    shape = _SHAPES.get(fn)
+    if shape is None:
+        shape = _SHAPES[fn] = (_accepts_cancel(fn), inspect.iscoroutinefunction(fn))
+    return shape
 
 
 def _accepts_cancel(fn: Callable[..., Any]) -> bool:
@@ -221,12 +244,12 @@ class StepRunner:
             )
         started = self._clock.now()
         attempts = record.attempts if record is not None else 0
-        await self._boundary("before", name)
+        if faults.hooked():
+            await self._boundary("before", name)
         if once:
             await self._write(StepRecord(name, "started", started_at=started, once=True))
-        signal = self._cancel.child()
         try:
-            value = await self._invoke(name, fn, args, signal, self._step_timeout_ms)
+            value = await self._invoke(name, fn, args, self._step_timeout_ms)
         except StepTimeoutError:
             if not once:
                 await self._record_failure(name, attempts, "step timed out", started)
@@ -242,7 +265,8 @@ class StepRunner:
                 step=name,
                 path=exc.path,
             ) from None
-        await self._boundary("returned", name)
+        if faults.hooked():
+            await self._boundary("returned", name)
         await self._write(
             StepRecord(
                 name,
@@ -254,7 +278,8 @@ class StepRunner:
                 once=once,
             )
         )
-        await self._boundary("persisted", name)
+        if faults.hooked():
+            await self._boundary("persisted", name)
         if compensate is not None:
             self.compensators.append(Compensator(name, compensate, output))
         return output
@@ -404,13 +429,16 @@ class StepRunner:
             if record is not None and record.status == "completed":
                 continue
             started = self._clock.now()
-            await self._boundary("before", step)
-            await self._invoke(step, comp.fn, (comp.output,), self._cancel.child(), None)
-            await self._boundary("returned", step)
+            if faults.hooked():
+                await self._boundary("before", step)
+            await self._invoke(step, comp.fn, (comp.output,), None)
+            if faults.hooked():
+                await self._boundary("returned", step)
             await self._write(
                 StepRecord(step, "completed", started_at=started, completed_at=self._clock.now())
             )
-            await self._boundary("persisted", step)
+            if faults.hooked():
+                await self._boundary("persisted", step)
             ran += 1
         return ran
 
@@ -465,12 +493,15 @@ class StepRunner:
         A parking step has no function, so it has no ``returned`` boundary; a crash test still
         needs to stop a worker just before and just after each of its writes.
         """
-        await self._boundary("before", record.name)
+        if faults.hooked():
+            await self._boundary("before", record.name)
         await self._write(record)
-        await self._boundary("persisted", record.name)
+        if faults.hooked():
+            await self._boundary("persisted", record.name)
 
     async def _boundary(self, point: FaultPoint, step: str) -> None:
-        await boundary(point, self._job_name, self._run_id, step)
+        # Callers check faults.hooked() first: with no hook a boundary then costs no coroutine.
+        await faults.boundary(point, self._job_name, self._run_id, step)
 
     def _suspend(self, wake_at: datetime, step: str) -> StepSuspended:
         suspension = StepSuspended(wake_at, step)
@@ -529,20 +560,34 @@ class StepRunner:
         name: str,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
-        signal: CancelSignal,
         timeout_ms: int | None,
     ) -> Any:
-        kwargs = {"cancel": signal} if _accepts_cancel(fn) else {}
-        if inspect.iscoroutinefunction(fn):
+        accepts_cancel, is_async = _shape(fn)
+        # The step's own signal (a child of the attempt's) exists only for a function that takes
+        # it or a deadline that fires it.
+        signal = self._cancel.child() if accepts_cancel or timeout_ms is not None else None
+        kwargs = {"cancel": signal} if accepts_cancel else {}
+        if is_async and timeout_ms is None:
+            # No deadline to watch, so no task of its own: awaiting in place saves a task and two
+            # loop turns per step.
+            result = await fn(*args, **kwargs)
+            return await result if inspect.isawaitable(result) else result
+        if is_async:
             pending: asyncio.Future[Any] = asyncio.ensure_future(fn(*args, **kwargs))
         else:
             pending = run_in_thread(fn, *args, **kwargs)
         timeout = None if timeout_ms is None else timeout_ms / 1000
-        done, _ = await asyncio.wait({pending}, timeout=timeout)
+        try:
+            done, _ = await asyncio.wait({pending}, timeout=timeout)
+        except asyncio.CancelledError:
+            # As when the function runs in place: cancelling the step cancels the function.
+            pending.cancel()
+            raise
         if not done:
             error = StepTimeoutError(
                 f"step {name!r} outlived step_timeout ({timeout_ms} ms)", step=name
             )
+            assert signal is not None
             signal.fire(error)
             # One loop turn lets a function waiting on its signal see why before it is cancelled.
             await asyncio.sleep(0)

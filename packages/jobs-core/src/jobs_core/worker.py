@@ -15,6 +15,7 @@ OpenTelemetry installed each attempt runs in a span that is a child of the enque
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import signal
@@ -26,7 +27,7 @@ from datetime import datetime
 from itertools import islice
 from uuid import UUID, uuid4
 
-from jobs_core._current import home_loop, use_driver
+from jobs_core._current import bind_worker
 from jobs_core._durations import Duration, parse_duration
 from jobs_core._tracing import attempt_span
 from jobs_core.clock import SYSTEM_CLOCK, Clock
@@ -162,12 +163,16 @@ class Worker:
         self._abandoned = False
         self._gate = LimitGate(limits, self.clock) if limits is not None else None
         self._held: dict[tuple[UUID, int], _Held] = {}
+        # Queue -> rows in ``_held``, kept in step with it: a claim pass reads it in O(queues).
+        self._busy: Counter[str] = Counter()
         self._wake = asyncio.Event()
         self._stopping = False
         self._claiming = False
         self._drained = asyncio.Event()
         self._finished = asyncio.Event()
         self._env: AttemptEnv | None = None
+        # Every attempt's task runs in a copy of this: the driver and home loop bound once.
+        self._attempt_context: contextvars.Context | None = None
         self._max_in_flight = 0
         self._outcomes: Counter[str] = Counter()
         self._leases_lost: Counter[str] = Counter()
@@ -256,6 +261,8 @@ class Worker:
         if self.metrics is not None:
             self.metrics.attach(self)
             gauges = loop.create_task(self._refresh_gauges())
+        self._attempt_context = contextvars.copy_context()
+        self._attempt_context.run(bind_worker, self.driver, loop)
         try:
             await self._claim_loop()
             if self._env.draining:
@@ -284,7 +291,7 @@ class Worker:
         drop = frozenset(h.name for h in self.registry.all() if not h.retry.dead_letter)
         while not self._stopping:
             self._wake.clear()
-            busy = Counter(h.attempt.job.queue for h in self._held.values())
+            busy = self._busy
             free = {q: self.slots[q] - busy[q] for q in self.queues}
             selected = [q for q in self.queues if free[q] > 0]
             claimed: list[ClaimedJob] = []
@@ -310,6 +317,10 @@ class Worker:
             self._claiming = False
             if claimed and not self._stopping:
                 idle_ms = self.poll_interval_ms
+                # One loop turn first: the attempts just started run to their first await (an
+                # idle worker's probe reaches its body's first line) before the next claim is
+                # built and sent.
+                await asyncio.sleep(0)
                 continue
             try:
                 await asyncio.wait_for(self._wake.wait(), idle_ms / 1000)
@@ -330,9 +341,16 @@ class Worker:
 
     def _start(self, job: ClaimedJob) -> None:
         held = _Held(Attempt(job), last_landed=self.clock.monotonic())
-        self._held[(job.id, job.claim)] = held
+        key = (job.id, job.claim)
+        if key not in self._held:
+            self._busy[job.queue] += 1
+        self._held[key] = held
         self._max_in_flight = max(self._max_in_flight, len(self._held))
-        held.task = asyncio.get_running_loop().create_task(self._attempt(held))
+        context = self._attempt_context
+        assert context is not None
+        held.task = asyncio.get_running_loop().create_task(
+            self._attempt(held), context=context.copy()
+        )
 
     async def _attempt(self, held: _Held) -> None:
         job = held.attempt.job
@@ -342,11 +360,7 @@ class Worker:
         outcome: Outcome | str = "lost"
         started = self.clock.monotonic()
         try:
-            with (
-                use_driver(self.driver),
-                home_loop(asyncio.get_running_loop()),
-                attempt_span(job) as traced,
-            ):
+            with attempt_span(job) as traced:
                 outcome = (
                     await execute(env, held.attempt)
                     if admitted
@@ -368,11 +382,14 @@ class Worker:
             held.settled = True
             if admitted and self._gate is not None:
                 self._gate.release(job.queue, job.tenant_id)
-            self._held.pop((job.id, job.claim), None)
+            if self._held.pop((job.id, job.claim), None) is not None:
+                self._busy[job.queue] -= 1
             self._outcomes[outcome] += 1
             if self.metrics is not None:
                 self.metrics.attempt(job.queue, job.name, outcome, self.clock.monotonic() - started)
             self._wake.set()
+        if not _log.isEnabledFor(logging.INFO):
+            return
         _log.info(
             "jobs.attempt.settled",
             extra={

@@ -1,8 +1,12 @@
 """Wake-ups over LISTEN/NOTIFY: one dedicated connection per driver, proven live by a probe.
 
 The statements that make rows due NOTIFY the queue's name on ``<schema>.wake`` (throttled in
-SQL). A driver with wake subscribers holds ONE connection outside the pool that LISTENs there
-and on a private probe channel. A probe NOTIFY sent through the pool must come back on it:
+SQL: ``wake()`` notifies a queue once per 250 ms slot, or at once when it is armed). A driver with
+wake subscribers holds ONE connection outside the pool that LISTENs there and on a private probe
+channel. Each NOTIFY it hears disarms that queue; when a claim then finds nothing, the driver
+re-arms it (:meth:`PgWakeSource.rearm`), so the next row made due wakes the idle worker at once
+instead of waiting for its poll, while a busy worker (its claims keep finding rows) costs no
+NOTIFY beyond one per slot. A probe NOTIFY sent through the pool must come back on it:
 
 * after each dial: back within ``probe_timeout`` → ``jobs.wake.live`` (info), and every known
   queue is woken once, so rows enqueued while nothing listened are claimed now; never back →
@@ -21,7 +25,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 from uuid import uuid4
 
@@ -35,6 +39,8 @@ _log = logging.getLogger("jobs.wake")
 
 BACKOFF_MIN_S = 0.25
 BACKOFF_MAX_S = 30.0
+REARM_RETRY_MIN_S = 0.005
+REARM_RETRY_MAX_S = 1.0
 
 _Subscriber = tuple[asyncio.AbstractEventLoop, Callable[[str], None]]
 
@@ -75,7 +81,12 @@ class PgWakeSource:
         self._probe_seen: asyncio.Event | None = None
         self._probe_payload = ""
         self._warned_unverified = False
+        self._warned_rearm = False
         self._closed = False
+        # Queues heard (a NOTIFY, or every queue when the listener became live) since this
+        # driver last re-armed them: only these can be disarmed without a NOTIFY still to come.
+        self._heard: set[str] = set()
+        self._rearming: set[asyncio.Task[None]] = set()
         self.live = False
         self.backend_pid: int | None = None
 
@@ -113,16 +124,84 @@ class PgWakeSource:
         await self._stop()
 
     async def _stop(self) -> None:
+        for retry in list(self._rearming):
+            retry.cancel()
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    async def rearm(self, queues: Sequence[str]) -> bool:
+        """Re-arm the wake of ``queues`` after a claim over them found nothing.
+
+        Sends the ``wake_arm`` statement for the queues among ``queues`` this listener heard since
+        it last re-armed them (a queue is disarmed only by a NOTIFY, which a live listener hears,
+        so an idle poll sends nothing). It waits (20 ms at most) for the statements in flight that
+        saw a queue disarmed and sent no NOTIFY, so their rows are visible to the answer. When
+        they take longer, a background task tries again with a back-off (up to 1 s apart, while
+        the listener is live) and wakes the subscribers if a row is due by then.
+
+        Returns:
+            ``True`` when a row of those queues is due now: the caller claims once more rather
+            than wait for a NOTIFY that will not come. ``False`` otherwise (nothing due, nothing
+            heard, the listener not live, the retry was left to the background task, or the
+            statement failed: ``jobs.wake.rearm-failed``, a warning logged once per driver, e.g.
+            for a schema not migrated yet). It never raises.
+        """
+        if not self.live:
+            return False
+        heard = [queue for queue in queues if queue in self._heard]
+        if not heard:
+            return False
+        self._heard.difference_update(heard)
+        due = await self._arm(heard)
+        if due is None:
+            task = asyncio.get_running_loop().create_task(self._rearm_later(heard))
+            self._rearming.add(task)
+            task.add_done_callback(self._rearming.discard)
+            return False
+        return due
+
+    async def _arm(self, queues: list[str]) -> bool | None:
+        """Run ``wake_arm``: whether a row is due, or ``None`` when it could not re-arm now."""
+        try:
+            due = await self._db.value("wake_arm", {"queues": queues})
+        except DriverUnavailableError:
+            return None
+        except psycopg.Error as exc:
+            # A schema not migrated to 0002 yet: claims go on, and the wake is the old one.
+            if not self._warned_rearm:
+                self._warned_rearm = True
+                _log.warning(
+                    "jobs.wake.rearm-failed",
+                    extra={"event": "jobs.wake.rearm-failed", "error": f"{exc}"},
+                )
+            return False
+        return None if due is None else bool(due)
+
+    async def _rearm_later(self, queues: list[str]) -> None:
+        delay = REARM_RETRY_MIN_S
+        while self.live and not self._closed:
+            await asyncio.sleep(delay)
+            due = await self._arm(queues)
+            if due is not None:
+                if due:
+                    for queue in queues:
+                        self._dispatch(queue)
+                return
+            delay = min(delay * 2, REARM_RETRY_MAX_S)
+
     def _dispatch(self, queue: str) -> None:
+        self._heard.add(queue)
+        here = asyncio.get_running_loop()
         for token, (loop, callback) in list(self._subscribers.items()):
             try:
-                loop.call_soon_threadsafe(callback, queue)
+                # Another loop must be woken through its self-pipe; this one runs it next turn.
+                if loop is here:
+                    loop.call_soon(callback, queue)
+                else:
+                    loop.call_soon_threadsafe(callback, queue)
             except RuntimeError:
                 # The subscriber's loop is closed: it can never be told again.
                 self._subscribers.pop(token, None)

@@ -51,7 +51,7 @@ from jobs_core.types import (
 from jobs_pg._db import Db, Row, utc
 from jobs_pg._migrate import apply_migrations
 from jobs_pg._outbox import PgOutboxStore
-from jobs_pg._records import json_text, request_arrays
+from jobs_pg._records import enqueue_params, json_text
 from jobs_pg._sql import check_schema, wake_channel
 from jobs_pg._stores import (
     PgCounterStore,
@@ -158,6 +158,27 @@ class _AckBatcher:
             },
         )
         return {row[0] for row in rows}
+
+
+def _chunks(reqs: Sequence[EnqueueRequest]) -> list[Sequence[EnqueueRequest]]:
+    """Split requests into ``enqueue`` statements of at most :data:`ENQUEUE_CHUNK`, in order.
+
+    A statement never carries one id twice (its own insert would be mistaken for a dedupe): a
+    repeat starts the next statement, which then meets the row the first one made.
+    """
+    if len(reqs) <= ENQUEUE_CHUNK and len({req.id for req in reqs}) == len(reqs):
+        return [reqs]
+    chunks: list[Sequence[EnqueueRequest]] = []
+    chunk: list[EnqueueRequest] = []
+    ids: set[UUID] = set()
+    for req in reqs:
+        if len(chunk) == ENQUEUE_CHUNK or req.id in ids:
+            chunks.append(chunk)
+            chunk, ids = [], set()
+        chunk.append(req)
+        ids.add(req.id)
+    chunks.append(chunk)
+    return chunks
 
 
 def _split_url(url: str) -> tuple[str, dict[str, str]]:
@@ -342,41 +363,38 @@ class PostgresDriver:
         """
         if not reqs:
             return []
-        request_arrays(reqs)  # validate everything before the first statement
+        chunks = _chunks(reqs)
+        params = [enqueue_params(chunk) for chunk in chunks]  # validates before any statement
         async with self._db.connection() as conn:
-            if len(reqs) <= ENQUEUE_CHUNK:
-                return await self._enqueue_on(conn, reqs)
+            if len(chunks) == 1:
+                return await self._enqueue_chunk(conn, chunks[0], params[0])
             async with conn.transaction():
-                return await self._enqueue_on(conn, reqs)
+                return await self._enqueue_chunks(conn, chunks, params)
 
     async def _enqueue_on(self, conn: Any, reqs: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
-        """Run the ``enqueue`` statement(s) for ``reqs`` on ``conn``; answer in input order.
+        """Run the ``enqueue`` statement(s) for ``reqs`` on ``conn``; answer in input order."""
+        chunks = _chunks(reqs)
+        return await self._enqueue_chunks(conn, chunks, [enqueue_params(c) for c in chunks])
 
-        A statement never carries one id twice (its own insert would be mistaken for a dedupe);
-        a repeat starts the next statement, which then meets the row the first one made.
-        """
-        results: list[EnqueueResult | None] = [None] * len(reqs)
-        chunk: list[int] = []
-        ids: set[UUID] = set()
-        for index, req in enumerate(reqs):
-            if len(chunk) == ENQUEUE_CHUNK or req.id in ids:
-                await self._enqueue_chunk(conn, reqs, chunk, results)
-                chunk, ids = [], set()
-            chunk.append(index)
-            ids.add(req.id)
-        await self._enqueue_chunk(conn, reqs, chunk, results)
-        return [result for result in results if result is not None]
-
-    async def _enqueue_chunk(
+    async def _enqueue_chunks(
         self,
         conn: Any,
-        reqs: Sequence[EnqueueRequest],
-        chunk: list[int],
-        results: list[EnqueueResult | None],
-    ) -> None:
-        todo = chunk
+        chunks: Sequence[Sequence[EnqueueRequest]],
+        params: Sequence[dict[str, str]],
+    ) -> list[EnqueueResult]:
+        results: list[EnqueueResult] = []
+        for chunk, values in zip(chunks, params, strict=True):
+            results += await self._enqueue_chunk(conn, chunk, values)
+        return results
+
+    async def _enqueue_chunk(
+        self, conn: Any, chunk: Sequence[EnqueueRequest], values: dict[str, str]
+    ) -> list[EnqueueResult]:
+        """Run one ``enqueue`` statement (``values`` are ``chunk``'s parameters) and its retries."""
+        results: list[EnqueueResult | None] = [None] * len(chunk)
+        todo: Sequence[int] = range(len(chunk))
         for _ in range(ENQUEUE_RETRIES):
-            rows = await self._db.rows("enqueue", request_arrays([reqs[i] for i in todo]), conn)
+            rows = await self._db.rows("enqueue", values, conn)
             missed: list[int] = []
             for index, (job_id, run_id, deduped, _woken) in zip(todo, rows, strict=True):
                 if job_id is None:
@@ -384,9 +402,10 @@ class PostgresDriver:
                 else:
                     results[index] = EnqueueResult(job_id, run_id, bool(deduped))
             if not missed:
-                return
+                return [result for result in results if result is not None]
             # The holder committed after this statement's snapshot: look again with a new one.
             todo = missed
+            values = enqueue_params([chunk[i] for i in missed])
         raise DriverUnavailableError(
             "an enqueue kept losing races with concurrent commits; it is safe to repeat",
             driver="postgresql",
@@ -400,6 +419,8 @@ class PostgresDriver:
         the unpaused queues. A lapsed row at its final attempt met before the limit is reached is
         buried: ``dead`` with ``last_error`` ``LEASE_LAPSED_FINAL_ATTEMPT`` (``failed`` when its
         name is in ``req.drop_exhausted``), reported to ``req.on_exhausted`` after the statement.
+        When it claims nothing, the queues' wake is re-armed and, if a row became due meanwhile,
+        a second statement claims again.
 
         Returns:
             The claimed rows in ``(run_at, insertion)`` order; ``attempt`` is spent attempts + 1.
@@ -415,17 +436,19 @@ class PostgresDriver:
                 queues=list(req.queues),
                 limit=req.limit,
             )
-        rows = await self._db.rows(
-            "claim",
-            {
-                "queues": list(req.queues),
-                "limit": req.limit,
-                "lease_ms": req.visibility_timeout_ms,
-                "worker": req.worker_id,
-                "drop": sorted(req.drop_exhausted),
-                "reason": LEASE_LAPSED_FINAL_ATTEMPT,
-            },
-        )
+        params = {
+            "queues": list(req.queues),
+            "limit": req.limit,
+            "lease_ms": req.visibility_timeout_ms,
+            "worker": req.worker_id,
+            "drop": sorted(req.drop_exhausted),
+            "reason": LEASE_LAPSED_FINAL_ATTEMPT,
+        }
+        rows = await self._db.rows("claim", params)
+        # Claimed nothing: re-arm the wake of the queues this driver heard a NOTIFY for, and look
+        # once more if a row became due while that NOTIFY was the last (PgWakeSource.rearm).
+        if all(row[13] != JobState.RUNNING for row in rows) and await self.wake.rearm(req.queues):
+            rows += await self._db.rows("claim", params)
         claimed: list[ClaimedJob] = []
         buried: list[BuriedJob] = []
         for row in rows:

@@ -40,6 +40,8 @@ def encode(value: JSONValue, what: str) -> str:
         DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` when ``value`` is not JSON (an
             arbitrary object, a cycle, ``NaN`` or an infinity) or holds a NUL character.
     """
+    if value is None:  # most results: no encoder call
+        return "null"
     try:
         text = _ENCODE(value)
     except (TypeError, ValueError) as exc:

@@ -14,6 +14,12 @@ Design notes (the alternatives that were rejected):
   closed loop. A closed loop's client is dropped when the next loop's client is built (a
   ``WeakKeyDictionary`` was rejected: the client's connections hold their loop, so the entries
   would never go).
+* **The command timeout bounds the whole call, not each socket operation.** redis-py's own
+  ``socket_timeout`` would do, but on Python 3.11 it wraps every send in ``asyncio.wait_for``,
+  which runs the send in a task of its own: two more loop passes per command, on the path of
+  every claim and enqueue. One ``asyncio.timeout`` around the call (dial, handshake, send and
+  reply) bounds the same waits with none; a call cut short closes its connection (redis-py
+  drops a connection whose read was cancelled), so no late reply is read by the next command.
 * **A server's own error reply passes through** (``redis.exceptions.ResponseError``): it says
   something is wrong with the request or the server's state (``OOM``, ``READONLY``), not that the
   server is away, and retrying the call elsewhere would not help.
@@ -78,11 +84,16 @@ class Connection:
                 self.url,
                 decode_responses=True,
                 socket_connect_timeout=self._connect_timeout_s,
-                socket_timeout=self._command_timeout_s,
+                # No per-socket-operation timeout (redis-py's default is 5 s): see the notes above.
+                socket_timeout=None,
                 retry=Retry(NoBackoff(), 0),
             )
             self._clients[loop] = client
         return client
+
+    def deadline(self) -> asyncio.Timeout:
+        """Answer the bound on one call made with :meth:`client` (raises ``TimeoutError``)."""
+        return asyncio.timeout(self._command_timeout_s)
 
     def unavailable(self, exc: BaseException) -> DriverUnavailableError:
         """Answer the refusal raised in place of a connection failure ``exc``."""
@@ -109,11 +120,12 @@ class Connection:
         """
         client = self.client()
         try:
-            try:
-                return await _evalsha(client, script, keys, args)
-            except NoScriptError:
-                await client.script_load(script.text)
-                return await _evalsha(client, script, keys, args)
+            async with self.deadline():
+                try:
+                    return await _evalsha(client, script, keys, args)
+                except NoScriptError:
+                    await client.script_load(script.text)
+                    return await _evalsha(client, script, keys, args)
         except UNAVAILABLE as exc:
             raise self.unavailable(exc) from exc
 
@@ -131,11 +143,12 @@ class Connection:
         """
         client = self.client()
         try:
-            try:
-                return await _transaction(client, script, calls)
-            except NoScriptError:
-                await client.script_load(script.text)
-                return await _transaction(client, script, calls)
+            async with self.deadline():
+                try:
+                    return await _transaction(client, script, calls)
+                except NoScriptError:
+                    await client.script_load(script.text)
+                    return await _transaction(client, script, calls)
         except UNAVAILABLE as exc:
             raise self.unavailable(exc) from exc
 
@@ -148,7 +161,8 @@ class Connection:
         client = self.client()
         try:
             for script in scripts:
-                await client.script_load(script.text)
+                async with self.deadline():
+                    await client.script_load(script.text)
         except UNAVAILABLE as exc:
             raise self.unavailable(exc) from exc
 

@@ -43,8 +43,9 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Self
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -125,6 +126,13 @@ _NOT_CARRIED: dict[str, str] = {
 }
 
 _QUEUED_STATES = frozenset({JobState.READY, JobState.DELAYED, JobState.SUSPENDED})
+
+PRELOADED_KEPT = 10_000
+"""How many claimed runs' steps :attr:`_Shared.preloaded` keeps until their first load (a run
+whose load never comes, e.g. a row handed back unrun, is forgotten oldest first)."""
+
+ACK_BATCH = 500
+"""The most acks one ``ack.lua`` call settles; more wait for the next call."""
 
 
 def _checked_ms(ms: int, what: str) -> int:
@@ -226,11 +234,24 @@ class _Keys:
 
 
 class _Shared:
-    """What the driver and its stores share: the connection and the key names."""
+    """What the driver and its stores share: the connection, the key names, preloaded steps.
+
+    Attributes:
+        preloaded: the steps of runs this driver claimed (flat ``step_load.lua`` replies, by
+            run id), kept until the run's first load or step write, at most
+            :data:`PRELOADED_KEPT` of them.
+    """
 
     def __init__(self, conn: Connection, keys: _Keys) -> None:
         self.conn = conn
         self.keys = keys
+        self.preloaded: OrderedDict[UUID, list[str]] = OrderedDict()
+
+    def preload(self, run_id: UUID, flat: list[str]) -> None:
+        """Keep a claimed run's steps for its first load, forgetting the oldest past the cap."""
+        self.preloaded[run_id] = flat
+        if len(self.preloaded) > PRELOADED_KEPT:
+            self.preloaded.popitem(last=False)
 
     async def run(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self.conn.run(SCRIPTS[script], keys, args)
@@ -253,11 +274,17 @@ class RedisStepStore:
     async def load(self, run_id: UUID) -> list[StepRecord]:
         """Answer every step of a run in ``seq`` order (empty for a new run).
 
+        The first load of a run this driver just claimed, with no step write through this driver
+        since, is answered from the claim's reply without a round trip: only the run's claimant
+        writes its steps (``run_inline`` writes runs of its own).
+
         Raises:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
         """
-        flat = await self._s.run("step_load", [self._s.keys.steps(run_id)], [])
-        return _steps(_pairs(flat))
+        flat = self._s.preloaded.pop(run_id, None)
+        if flat is None:
+            flat = await self._s.run("step_load", [self._s.keys.steps(run_id)], [])
+        return _steps(_pairs(flat)) if flat else []
 
     async def write(self, write: StepWrite) -> bool:
         """Insert or replace one step record (by ``run_id`` and name), fenced like an ack.
@@ -277,6 +304,7 @@ class RedisStepStore:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
         """
         record = write.record
+        self._s.preloaded.pop(write.run_id, None)
         if (write.job_id is None) != (write.fence is None):
             raise DriverRequestInvalidError(
                 "a step write carries both job_id and fence, or neither (run_inline)",
@@ -578,11 +606,13 @@ class RedisWakeSource:
             client = self._s.conn.client()
             pubsub = client.pubsub()
             try:
-                await pubsub.subscribe(self._s.keys.wake)
-                if gap:
+                async with self._s.conn.deadline():
+                    await pubsub.subscribe(self._s.keys.wake)
                     # Wakes published while we were away are lost: announce every queue once.
-                    for queue in sorted(await client.smembers(self._s.keys.queues)):
-                        callback(str(queue))
+                    missed = await client.smembers(self._s.keys.queues) if gap else set()
+                for queue in sorted(missed):
+                    callback(str(queue))
+                if gap:
                     _log.info("jobs.wake.live", extra={"event": "jobs.wake.live"})
                 self._listening[me] = True
                 first.set()
@@ -597,7 +627,8 @@ class RedisWakeSource:
                     elif loop.time() - heard >= 2 * self._ping_s:
                         raise TimeoutError("the wake connection answered no PING")
                     else:
-                        await pubsub.ping()
+                        async with self._s.conn.deadline():
+                            await pubsub.ping()
             except UNAVAILABLE as exc:
                 if not gap:
                     _log.warning(
@@ -783,7 +814,8 @@ class RedisOperator:
         """
         client = self._s.conn.client()
         try:
-            members = await client.smembers(self._s.keys.paused)
+            async with self._s.conn.deadline():
+                members = await client.smembers(self._s.keys.paused)
         except UNAVAILABLE as exc:
             raise self._s.conn.unavailable(exc) from exc
         return sorted(str(m) for m in members)
@@ -804,6 +836,65 @@ def _check_url(url: str) -> str:
             f"the redis driver takes a redis:// or rediss:// URL, not {url!r}", url=url
         )
     return url
+
+
+@dataclass(slots=True)
+class _PendingAck:
+    job_id: UUID
+    fence: Fence
+    result: str
+    answer: asyncio.Future[bool]
+
+
+class _AckBatcher:
+    """Gathers acks into ``ack.lua`` calls: one call in flight per loop, the next gathering.
+
+    redis-py's connections belong to one event loop, so each loop has its own queue and flusher.
+    """
+
+    def __init__(self, shared: _Shared, done_ttl_ms: int) -> None:
+        self._s = shared
+        self._done_ttl_ms = done_ttl_ms
+        self._pending: dict[asyncio.AbstractEventLoop, list[_PendingAck]] = {}
+        self._flushers: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
+
+    async def ack(self, job_id: UUID, fence: Fence, result: str) -> bool:
+        loop = asyncio.get_running_loop()
+        pending = self._pending.get(loop)
+        if pending is None:
+            for gone in [other for other in self._pending if other.is_closed()]:
+                del self._pending[gone]
+                self._flushers.pop(gone, None)
+            pending = self._pending[loop] = []
+        mine = _PendingAck(job_id, fence, result, loop.create_future())
+        pending.append(mine)
+        flusher = self._flushers.get(loop)
+        if flusher is None or flusher.done():
+            self._flushers[loop] = loop.create_task(self._flush(pending))
+        return await mine.answer
+
+    async def _flush(self, pending: list[_PendingAck]) -> None:
+        while pending:
+            batch = pending[:ACK_BATCH]
+            del pending[:ACK_BATCH]
+            args: list[Any] = [self._s.keys.base, self._done_ttl_ms, len(batch)]
+            for p in batch:
+                args += (str(p.job_id), p.fence.worker_id, str(p.fence.claim), p.result)
+            try:
+                landed = await self._s.run("ack", [self._s.keys.seq], args)
+            except Exception as exc:
+                for p in batch:
+                    if not p.answer.done():
+                        p.answer.set_exception(exc)
+                continue
+            except BaseException:
+                # The flusher itself was cancelled (its loop is closing): no waiter may hang.
+                for p in batch + pending:
+                    p.answer.cancel()
+                raise
+            for p, ok in zip(batch, landed, strict=True):
+                if not p.answer.done():
+                    p.answer.set_result(bool(ok))
 
 
 class RedisDriver:
@@ -860,6 +951,7 @@ class RedisDriver:
         self._conn = Connection(_check_url(url), connect_s, command_s)
         self._keys = _Keys(self.prefix)
         self._s = _Shared(self._conn, self._keys)
+        self._acks = _AckBatcher(self._s, self.done_ttl_ms)
         # Typed as the protocol: JobDriver.steps is a settable member, so mypy wants it exact.
         self.steps: StepStore = RedisStepStore(self._s)
         self.leases = RedisLeaseStore(self._s)
@@ -952,8 +1044,11 @@ class RedisDriver:
         )
         flat = [v for reply in replies for v in reply]
         return [
-            EnqueueResult(UUID(flat[i]), UUID(flat[i + 1]), deduped=bool(int(flat[i + 2])))
-            for i in range(0, len(flat), 3)
+            # An inserted row answers the request's own ids: only a deduped one needs parsing.
+            EnqueueResult(UUID(flat[i]), UUID(flat[i + 1]), deduped=True)
+            if int(flat[i + 2])
+            else EnqueueResult(req.id, req.run_id, deduped=False)
+            for req, i in zip(reqs, range(0, len(flat), 3), strict=True)
         ]
 
     @staticmethod
@@ -978,7 +1073,9 @@ class RedisDriver:
             )
         text = encode(req.input, "input")
         run_at = "" if req.run_at is None else to_us(req.run_at, "run_at")
-        delay = _checked_ms(max(req.delay_ms, 0), "delay_ms") if req.run_at is None else 0
+        delay = 0
+        if req.run_at is None and req.delay_ms > 0:
+            delay = _checked_ms(req.delay_ms, "delay_ms")
         return [
             str(req.id),
             str(req.run_id),
@@ -1010,6 +1107,9 @@ class RedisDriver:
         Returns:
             The claimed rows; ``attempt`` is the spent attempts plus one.
 
+        Each claimed run's steps come back in the same reply and answer the run's next
+        ``steps.load`` (see :meth:`RedisStepStore.load`).
+
         Raises:
             DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty queue list, a
                 limit below 1, or a visibility timeout out of range.
@@ -1038,8 +1138,10 @@ class RedisDriver:
                 *drop,
             ],
         )
-        jobs = [
-            ClaimedJob(
+        jobs = []
+        for i in range(0, len(claimed), 14):
+            v = claimed[i : i + 14]
+            job = ClaimedJob(
                 id=UUID(v[0]),
                 run_id=UUID(v[1]),
                 name=v[2],
@@ -1055,8 +1157,8 @@ class RedisDriver:
                 enqueued_by=unopt(v[11]),
                 created_at=from_us(v[12]),
             )
-            for v in (claimed[i : i + 13] for i in range(0, len(claimed), 13))
-        ]
+            self._s.preload(job.run_id, v[13])
+            jobs.append(job)
         if req.on_exhausted is not None:
             for i in range(0, len(buried), 4):
                 job_id, name, queue, state = buried[i : i + 4]
@@ -1070,7 +1172,9 @@ class RedisDriver:
         """Settle a row ``done`` with ``by.result``; fenced on ``running`` and ``by.fence``.
 
         The attempt is counted and the row's idempotency key freed. With ``done_ttl`` the row and
-        its steps expire that long after the ack.
+        its steps expire that long after the ack. Acks made on one event loop while an earlier
+        one is in flight go together in the next ``ack.lua`` call (up to :data:`ACK_BATCH`), so
+        a busy worker settles many rows per round trip and a lone ack waits for nothing.
 
         Returns:
             ``True`` when settled; ``False``, changing nothing, when someone else owns the row.
@@ -1079,9 +1183,7 @@ class RedisDriver:
             DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a result that is not JSON.
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
         """
-        result = encode(by.result, "result")
-        args = [*self._fence(by.fence), result, self.done_ttl_ms]
-        return bool(await self._s.run("ack", [self._keys.job(job_id)], args))
+        return await self._acks.ack(job_id, by.fence, encode(by.result, "result"))
 
     async def nack(self, job_id: UUID, opts: NackOptions) -> bool:
         """Settle a row in ``nack_state(opts)``; fenced like :meth:`ack`.

@@ -285,8 +285,14 @@ def _encode(value: JSONValue, what: str) -> str:
         DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` when ``value`` is not JSON (an
             arbitrary object, a cycle, ``NaN`` or an infinity) or holds a NUL character.
     """
+    # null, true, false and ints (a no-op's result, a flag, a count) skip building an encoder.
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
     try:
-        text = _ENCODE(value)
+        # An int is its repr, as json writes it (a too-long one raises ValueError in both).
+        text = int.__repr__(value) if type(value) is int else _ENCODE(value)
     except (TypeError, ValueError) as exc:
         raise DriverRequestInvalidError(f"{what} is not a JSON value: {exc}", field=what) from exc
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
@@ -294,6 +300,27 @@ def _encode(value: JSONValue, what: str) -> str:
             f"{what} holds a NUL character (U+0000), which no driver can store", field=what
         )
     return text
+
+
+def _bare(record: StepRecord, seq: int) -> StepRecord:
+    """Answer ``record`` at ``seq`` without its JSON fields (kept as text beside it).
+
+    Built field by field: ``dataclasses.replace`` costs twice as much on every step write.
+    """
+    return StepRecord(
+        name=record.name,
+        status=record.status,
+        output=None,
+        seq=seq,
+        started_at=record.started_at,
+        completed_at=record.completed_at,
+        wake_at=record.wake_at,
+        event=record.event,
+        match=None,
+        attempts=record.attempts,
+        error=record.error,
+        once=record.once,
+    )
 
 
 def _utc(instant: datetime, what: str) -> datetime:
@@ -433,6 +460,9 @@ class _Memory:
         self.workers: dict[str, tuple[WorkerInfo, datetime]] = {}
         # Job name -> (tier, bucket start) -> outcome counts.
         self.counters: dict[str, dict[_CounterKey, _Counts]] = {}
+        # The last minute bucket counted into: (its start, its end, its key). Most settles land
+        # in the same minute as the one before, so the bucket is not recomputed per settle.
+        self.minute: tuple[datetime, datetime, _CounterKey] | None = None
 
     def now(self) -> datetime:
         """Answer the clock's instant, refusing every call once the driver is closed."""
@@ -471,7 +501,13 @@ class _Memory:
     def count(self, name: str, outcome: str, now: datetime, duration_ms: float = 0.0) -> None:
         """Add one ``outcome`` (``done``/``retried``/``failed``/``dead``) to its minute bucket."""
         per_name = self.counters.setdefault(name, {})
-        key: _CounterKey = ("1m", _floor(now, _TIER_WIDTH["1m"]))
+        minute = self.minute
+        if minute is not None and minute[0] <= now < minute[1]:
+            key = minute[2]
+        else:
+            start = _floor(now, _TIER_WIDTH["1m"])
+            key = ("1m", start)
+            self.minute = (start, start + _TIER_WIDTH["1m"], key)
         counts = per_name.get(key)
         if counts is None:
             counts = per_name[key] = _Counts()
@@ -697,7 +733,7 @@ class MemoryStepStore:
             else:
                 seq = max((step.record.seq for step in run.values()), default=-1) + 1
             run[record.name] = _Step(
-                record=replace(record, seq=seq, output=None, match=None),
+                record=_bare(record, seq),
                 output=output,
                 match=match,
                 match_value=None if match is None else json.loads(match),

@@ -24,14 +24,20 @@ AND (%(f_to)s::timestamptz IS NULL OR j.created_at < %(f_to)s)
 -- holding its key, or an earlier request of this batch with the same key. A request answered by
 -- nothing lost a race with a transaction that committed after this statement's snapshot; the
 -- driver runs those again. Due rows wake their queues through the throttle (wake()).
+-- The requests come as one JSON array of objects keyed by column (a JSON null input comes out
+-- as SQL NULL, hence the coalesce). A JSON recordset's row estimate is fixed, so the plan (and
+-- its cost) is the same for 1 and for 1,000 requests: the prepared statement keeps its generic
+-- plan instead of being planned again at every run, and a batch is never JIT-compiled.
 WITH req AS (
-    SELECT r.*,
+    SELECT r.id, r.run_id, r.name, r.queue, coalesce(r.input, 'null') AS input,
+           r.idempotency_key, r.tenant_id, r.max_attempts, r.traceparent, r.enqueued_by, r.ord,
            greatest(coalesce(r.run_at, {now} + r.delay_ms * interval '1 millisecond'), {now}) AS due
-    FROM unnest(
-        %(ids)s::uuid[], %(run_ids)s::uuid[], %(names)s::text[], %(queues)s::text[],
-        %(inputs)s::text[], %(keys)s::text[], %(tenants)s::text[], %(max_attempts)s::int[],
-        %(run_ats)s::timestamptz[], %(delays)s::bigint[], %(traceparents)s::text[],
-        %(enqueued_bys)s::text[]
+    FROM ROWS FROM (
+        json_to_recordset(%(rows)s::json) AS (
+            id uuid, run_id uuid, name text, queue text, input jsonb, idempotency_key text,
+            tenant_id text, max_attempts integer, run_at timestamptz, delay_ms bigint,
+            traceparent text, enqueued_by text
+        )
     ) WITH ORDINALITY AS r(id, run_id, name, queue, input, idempotency_key, tenant_id,
                            max_attempts, run_at, delay_ms, traceparent, enqueued_by, ord)
 ),
@@ -40,7 +46,7 @@ inserted AS (
         id, run_id, name, queue, input, idempotency_key, tenant_id, state, max_attempts,
         run_at, traceparent, enqueued_by, created_at, updated_at
     )
-    SELECT id, run_id, name, queue, input::jsonb, idempotency_key, tenant_id,
+    SELECT id, run_id, name, queue, input, idempotency_key, tenant_id,
            CASE WHEN due > {now} THEN 'delayed' ELSE 'ready' END, max_attempts,
            due, traceparent, enqueued_by, {now}, {now}
     FROM req
@@ -90,7 +96,10 @@ ORDER BY r.ord
 -- name: claim
 -- One statement per claim over every queue served. Arm 1 walks each unpaused queue's claim index
 -- in (run_at, seq) order, locking with SKIP LOCKED so concurrent claimers take different rows.
--- Arm 2 takes running rows whose lease lapsed (normally none). Merged in (run_at, seq) order, the
+-- Arm 2 takes running rows whose lease lapsed (normally none): it runs only when a probe finds one
+-- (an ordered LIMIT 1 walk of jobs_lapse, which marks the entries of settled rows dead as it passes
+-- them, so later probes skip them; a bitmap scan, the planner's choice for the arm itself, would
+-- fetch every dead row version behind the index at every claim). Merged in (run_at, seq) order, the
 -- first `limit` rows that are not at their final attempt are handed out (a lapsed one spends its
 -- attempt); a lapsed row at its final attempt that comes before the cut is buried, dead or (for
 -- names in `drop`) failed, and counted. Rows locked but not handed out are released when the
@@ -118,6 +127,12 @@ lapsed AS (
     WHERE j.state = 'running'
       AND j.visible_at <= {now}
       AND j.queue IN (SELECT name FROM served)
+      AND EXISTS (
+          SELECT 1 FROM {schema}.jobs probe
+          WHERE probe.state = 'running' AND probe.visible_at <= {now}
+          ORDER BY probe.visible_at
+          LIMIT 1
+      )
     ORDER BY j.run_at, j.seq
     LIMIT %(limit)s + 100
     FOR UPDATE OF j SKIP LOCKED
@@ -176,10 +191,11 @@ ORDER BY settled.run_at, settled.seq
 -- name: ack
 -- Settles many rows done in one statement, each fenced on (state, claimed_by, claim); answers
 -- the ids that were settled. The counters ride in the same statement, on this connection's shard.
+-- The arrays go in binary (the b placeholders): psycopg dumps them several times faster so.
 WITH settle AS (
     SELECT * FROM unnest(
-        %(ids)s::uuid[], %(workers)s::text[], %(claims)s::int[], %(results)s::text[],
-        %(durations)s::float8[]
+        %(ids)b::uuid[], %(workers)b::text[], %(claims)b::int[], %(results)b::text[],
+        %(durations)b::float8[]
     ) AS s(id, worker, claim, result, duration_ms)
 ),
 done AS (
@@ -879,6 +895,12 @@ SELECT count(*) FROM (SELECT DISTINCT name, bucket FROM aged) AS buckets
 -- Sent through the pool to a wake listener's private channel: its arrival proves the LISTEN
 -- connection is live (a half-open one never hears it).
 SELECT pg_notify(%(channel)s, %(payload)s)
+
+-- name: wake_arm
+-- A worker heard a queue's NOTIFY and then claimed nothing: re-arm the queues so the next wake
+-- notifies (wake_arm() in migration 0002). NULL: the wake lock stayed busy; true: a row became
+-- due meanwhile, claim again.
+SELECT {schema}.wake_arm(%(queues)s::text[], {now})
 
 -- name: next_due_at
 -- For tests on an injected clock: when the next claim could take a row of an unpaused queue

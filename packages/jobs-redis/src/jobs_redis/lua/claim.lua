@@ -10,15 +10,17 @@
 -- ARGV[4]  worker        the claimant's incarnation id
 -- ARGV[5]  nq            how many queue names follow (distinct)
 -- ARGV[6…] the queues, then nd, then nd job names whose buried rows settle "failed"
--- Reply:   { claimed, buried }: claimed holds 13 values per row (id, run_id, name, queue, input,
+-- Reply:   { claimed, buried }: claimed holds 14 values per row (id, run_id, name, queue, input,
 --          attempts spent, max_attempts, claim, tenant, key, traceparent, enqueued_by,
---          created µs); buried holds 4 per row (id, name, queue, state).
+--          created µs, and the run's steps as step_load.lua answers them); buried holds 4 per
+--          row (id, name, queue, state).
 --
 -- Candidates are rows of unpaused queues whose run_at passed (ready, delayed, suspended) and
 -- running rows whose lease expiry passed (at most 1,000 of those per queue per call), taken
 -- oldest (run_at, sequence) first across the queues. A lapsed row's attempt is counted; when that
 -- spends its last one it is buried ("dead" with LEASE_LAPSED_FINAL_ATTEMPT, or "failed" for names
--- in the drop list), frees its live key and does not count against the limit.
+-- in the drop list), frees its live key and does not count against the limit. Each claimed row
+-- carries its run's steps, so the attempt that loads them next needs no round trip of its own.
 
 local base = ARGV[1]
 local limit = tonumber(ARGV[2])
@@ -93,6 +95,16 @@ for _, c in ipairs(cands) do
     local row = redis.call('HMGET', jk, 'id', 'run', 'name', 'queue', 'input', 'att', 'max',
       'claim', 'tenant', 'key', 'tp', 'eb', 'created')
     for _, v in ipairs(row) do claimed[#claimed + 1] = v end
+    local steps = {}
+    local all = redis.call('HGETALL', base .. 's:' .. row[2])
+    for i = 1, #all, 2 do
+      local kind = string.sub(all[i], 1, 2)
+      if kind == 'r:' or kind == 'q:' then
+        steps[#steps + 1] = all[i]
+        steps[#steps + 1] = all[i + 1]
+      end
+    end
+    claimed[#claimed + 1] = steps
     taken = taken + 1
   end
 end
