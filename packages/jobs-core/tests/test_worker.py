@@ -31,7 +31,7 @@ from jobs_core.drivers.memory import MemoryDriver
 from jobs_core.errors import ConcurrencyUnenforceableError, JobOptionsInvalidError
 from jobs_core.ids import new_id
 from jobs_core.testing import ManualClock, run_jobs
-from jobs_core.types import ClaimRequest, EnqueueRequest, Settle
+from jobs_core.types import ClaimedJob, ClaimRequest, EnqueueRequest, Settle
 
 
 class Task(BaseModel):
@@ -190,6 +190,38 @@ async def test_a_drain_past_its_budget_cancels_the_async_body_it_abandons(
 
 async def _any_running(worker: Worker) -> bool:
     return worker.stats().in_flight > 0
+
+
+async def test_a_claimed_body_starts_before_the_next_claim(registry: JobRegistry) -> None:
+    """After a claim the loop yields once: new attempts reach their bodies first.
+
+    So an idle worker's pickup latency does not include building and sending the next claim.
+    """
+    events: list[str] = []
+
+    class Recording(MemoryDriver):
+        async def claim(self, req: ClaimRequest) -> list[ClaimedJob]:
+            events.append("claim")
+            return await super().claim(req)
+
+    driver = Recording()
+
+    @task_job(registry, "first-line")
+    async def body(input: Task, step: Any, ctx: Any) -> None:
+        events.append("body")
+
+    with use_driver(driver):
+        await body.enqueue(Task(key="a"))
+    worker = Worker(driver, registry=registry, poll_interval="5ms", drain_timeout="5s")
+    running = asyncio.create_task(worker.run())
+
+    async def ran() -> bool:
+        return "body" in events
+
+    await wait_for(ran)
+    await worker.stop()
+    await running
+    assert events[:2] == ["claim", "body"]
 
 
 async def test_a_lapsed_lease_is_reclaimed_and_the_attempt_counted(
