@@ -8,8 +8,8 @@ A ``jobs worker`` subprocess (default options: 8 slots, 250 ms poll backing off 
 a fresh schema; this process enqueues one probe every ``--gap-ms`` and the body records how long
 after the enqueue began it started. The wake-up path (NOTIFY inside the enqueue statement, the
 worker's LISTEN connection) is what is measured: the worker is idle between probes. A gap under
-250 ms puts two probes in one wake slot, and the second then waits for the poll (the throttle
-sends at most one NOTIFY per queue per 250 ms): try ``--gap-ms 200`` to see it.
+250 ms puts two probes in one wake slot; the second still notifies, because the worker re-armed
+the queue's wake when its claim found the queue empty (migration 0002): ``--gap-ms 200`` shows it.
 """
 
 from __future__ import annotations
