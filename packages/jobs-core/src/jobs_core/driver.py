@@ -26,7 +26,11 @@ from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 from uuid import UUID
 
-from jobs_core.errors import DriverUnknownError, NotImplementedByDriverError
+from jobs_core.errors import (
+    DriverRequestInvalidError,
+    DriverUnknownError,
+    NotImplementedByDriverError,
+)
 from jobs_core.types import (
     BulkResult,
     ClaimedJob,
@@ -65,6 +69,35 @@ CAPABILITIES: tuple[str, ...] = (
     "counters",
 )
 """Every optional capability a driver may declare, by attribute name."""
+
+
+def check_enqueue_request(req: EnqueueRequest) -> None:
+    """Refuse a request no driver can store: every driver calls this before writing anything.
+
+    Raises:
+        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty ``name``,
+            ``queue`` or ``idempotency_key`` (all named in ``fields``), or ``max_attempts``
+            below 1.
+    """
+    if req.name and req.queue and req.idempotency_key and req.max_attempts >= 1:
+        return  # the common case builds nothing
+    empty = [
+        what
+        for what, value in (
+            ("name", req.name),
+            ("queue", req.queue),
+            ("idempotency_key", req.idempotency_key),
+        )
+        if not value
+    ]
+    if empty:
+        raise DriverRequestInvalidError(
+            f"an enqueue needs a non-empty {', '.join(empty)}", fields=empty, job=req.name
+        )
+    if req.max_attempts < 1:
+        raise DriverRequestInvalidError(
+            f"max_attempts must be >= 1, got {req.max_attempts}", job=req.name
+        )
 
 
 @runtime_checkable

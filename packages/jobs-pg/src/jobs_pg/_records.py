@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from jobs_core.driver import check_enqueue_request
 from jobs_core.errors import DriverRequestInvalidError, JobPageInvalidError
 from jobs_core.types import EnqueueRequest, JobInfo, JobState, JSONValue, StepRecord
 from jobs_pg._db import Row, utc
@@ -65,27 +66,6 @@ def aware(instant: datetime, what: str) -> datetime:
     return instant.astimezone(UTC)
 
 
-def _checked(req: EnqueueRequest) -> None:
-    """Refuse an empty name, queue or key, or ``max_attempts`` < 1 (X_DRIVER_REQUEST_INVALID)."""
-    if not (req.name and req.queue and req.idempotency_key):
-        empty = [
-            what
-            for what, value in (
-                ("name", req.name),
-                ("queue", req.queue),
-                ("idempotency_key", req.idempotency_key),
-            )
-            if not value
-        ]
-        raise DriverRequestInvalidError(
-            f"an enqueue needs a non-empty {', '.join(empty)}", fields=empty, job=req.name
-        )
-    if req.max_attempts < 1:
-        raise DriverRequestInvalidError(
-            f"max_attempts must be >= 1, got {req.max_attempts}", job=req.name
-        )
-
-
 def _refuse_values(req: EnqueueRequest) -> None:
     """Raise the ``X_DRIVER_REQUEST_INVALID`` naming the field of ``req`` Postgres cannot hold."""
     json_text(req.input, "input")
@@ -125,7 +105,7 @@ def request_arrays(reqs: Sequence[EnqueueRequest]) -> dict[str, list[Any]]:
         )
     }
     for req in reqs:
-        _checked(req)
+        check_enqueue_request(req)
         arrays["ids"].append(req.id)
         arrays["run_ids"].append(req.run_id)
         arrays["names"].append(text_value(req.name, "name"))
@@ -160,7 +140,7 @@ def enqueue_params(reqs: Sequence[EnqueueRequest]) -> dict[str, str]:
     """
     rows: list[dict[str, Any]] = []
     for req in reqs:
-        _checked(req)
+        check_enqueue_request(req)
         rows.append(
             {
                 "id": req.id.hex,

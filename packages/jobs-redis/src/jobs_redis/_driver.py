@@ -60,6 +60,7 @@ from jobs_core.driver import (
     PublishRequest,
     StepResolution,
     StepStore,
+    check_enqueue_request,
 )
 from jobs_core.errors import (
     DriverRequestInvalidError,
@@ -1054,23 +1055,7 @@ class RedisDriver:
     @staticmethod
     def _row_args(req: EnqueueRequest) -> list[Any]:
         """Validate one request as the memory driver does; answer its 13 script values."""
-        empty = [
-            what
-            for what, value in (
-                ("name", req.name),
-                ("queue", req.queue),
-                ("idempotency_key", req.idempotency_key),
-            )
-            if not value
-        ]
-        if empty:
-            raise DriverRequestInvalidError(
-                f"an enqueue needs a non-empty {', '.join(empty)}", fields=empty, job=req.name
-            )
-        if req.max_attempts < 1:
-            raise DriverRequestInvalidError(
-                f"max_attempts must be >= 1, got {req.max_attempts}", job=req.name
-            )
+        check_enqueue_request(req)
         text = encode(req.input, "input")
         run_at = "" if req.run_at is None else to_us(req.run_at, "run_at")
         delay = 0

@@ -54,6 +54,7 @@ from jobs_core.driver import (
     PublishRequest,
     StepResolution,
     StepStore,
+    check_enqueue_request,
 )
 from jobs_core.drivers.memory_outbox import MemoryOutboxStore
 from jobs_core.errors import (
@@ -1879,23 +1880,7 @@ class MemoryDriver:
     @staticmethod
     def _checked_input(req: EnqueueRequest) -> str:
         """Validate the fields a row cannot do without; answer the input's JSON text."""
-        empty = [
-            what
-            for what, value in (
-                ("name", req.name),
-                ("queue", req.queue),
-                ("idempotency_key", req.idempotency_key),
-            )
-            if not value
-        ]
-        if empty:
-            raise DriverRequestInvalidError(
-                f"an enqueue needs a non-empty {', '.join(empty)}", fields=empty, job=req.name
-            )
-        if req.max_attempts < 1:
-            raise DriverRequestInvalidError(
-                f"max_attempts must be >= 1, got {req.max_attempts}", job=req.name
-            )
+        check_enqueue_request(req)
         return _encode(req.input, "input")
 
     @staticmethod
