@@ -227,7 +227,7 @@ def _autovacuum_on(url: str) -> bool:
 
 
 class _Vacuum:
-    """Runs ``VACUUM (ANALYZE)`` on a database every :data:`VACUUM_EVERY_S` seconds until stopped."""
+    """Runs ``VACUUM (ANALYZE)`` on a database every :data:`VACUUM_EVERY_S` s until stopped."""
 
     def __init__(self, url: str) -> None:
         import threading
