@@ -130,6 +130,17 @@ async def test_sync_body_is_interrupted_by_drain_too(registry: JobRegistry) -> N
     assert (row.state, row.attempt) == (JobState.READY, 0)
 
 
+async def _drain_past_budget(driver: MemoryDriver, registry: JobRegistry, body: Any) -> None:
+    """Enqueue one ``body`` job, start a worker with a 100 ms drain budget, drain it mid-body."""
+    with use_driver(driver):
+        await body.enqueue(Task(key="a"))
+    worker = Worker(driver, registry=registry, poll_interval="5ms", drain_timeout="100ms")
+    running = asyncio.create_task(worker.run())
+    await wait_for(lambda: _any_running(worker))
+    await worker.drain()
+    await asyncio.wait_for(running, 5)
+
+
 async def test_drain_past_its_budget_abandons_and_closes_the_driver(
     registry: JobRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -139,13 +150,7 @@ async def test_drain_past_its_budget_abandons_and_closes_the_driver(
     async def body(input: Task, step: Any, ctx: Any) -> None:
         await asyncio.sleep(30)
 
-    with use_driver(driver):
-        await body.enqueue(Task(key="a"))
-    worker = Worker(driver, registry=registry, poll_interval="5ms", drain_timeout="100ms")
-    running = asyncio.create_task(worker.run())
-    await wait_for(lambda: _any_running(worker))
-    await worker.drain()
-    await asyncio.wait_for(running, 5)
+    await _drain_past_budget(driver, registry, body)
     assert any(r.message == "jobs.worker.drain-abandoned" for r in caplog.records)
     with pytest.raises(Exception, match="X_DRIVER_UNAVAILABLE"):
         await driver.stats()
@@ -178,13 +183,7 @@ async def test_a_drain_past_its_budget_cancels_the_async_body_it_abandons(
         else:
             await stubborn()
 
-    with use_driver(driver):
-        await body.enqueue(Task(key="a"))
-    worker = Worker(driver, registry=registry, poll_interval="5ms", drain_timeout="100ms")
-    running = asyncio.create_task(worker.run())
-    await wait_for(lambda: _any_running(worker))
-    await worker.drain()
-    await asyncio.wait_for(running, 5)
+    await _drain_past_budget(driver, registry, body)
     await asyncio.wait_for(cancelled.wait(), 5)
 
 
