@@ -125,7 +125,7 @@ async def test_the_migrated_schema_is_the_declared_one(pg_url: str, migrated: st
     primary = {name for name in indexes if name.endswith("_pkey")}
     assert set(indexes) == set(DECLARED_INDEXES) | primary
     assert primary == {f"{table}_pkey" for table in DECLARED_TABLES}
-    assert sorted(functions) == ["wake", "wake_arm"]
+    assert sorted(functions) == ["claim_waiting", "wake", "wake_arm"]
 
 
 async def test_autovacuum_visits_the_jobs_table_early(pg_url: str, migrated: str) -> None:

@@ -95,7 +95,8 @@ ORDER BY r.ord
 
 -- name: claim
 -- One statement per claim over every queue served. Arm 1 walks each unpaused queue's claim index
--- in (run_at, seq) order, locking with SKIP LOCKED so concurrent claimers take different rows.
+-- in (run_at, seq) order, locking with SKIP LOCKED so concurrent claimers take different rows
+-- (in claim_waiting(), which keeps that plan whatever the table's statistics say).
 -- Arm 2 takes running rows whose lease lapsed (normally none): it runs only when a probe finds one
 -- (an ordered LIMIT 1 walk of jobs_lapse, which marks the entries of settled rows dead as it passes
 -- them, so later probes skip them; a bitmap scan, the planner's choice for the arm itself, would
@@ -111,15 +112,8 @@ WITH served AS (
 waiting AS (
     SELECT c.id, c.run_at, c.seq, false AS lapsed, false AS final
     FROM served
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.run_at, j.seq FROM {schema}.jobs j
-        WHERE j.queue = served.name
-          AND j.state IN ('ready', 'delayed', 'suspended')
-          AND j.run_at <= {now}
-        ORDER BY j.run_at, j.seq
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) c
+    CROSS JOIN LATERAL {schema}.claim_waiting(served.name, {now}, %(limit)s)
+        AS c(id, run_at, seq)
 ),
 lapsed AS (
     SELECT j.id, j.run_at, j.seq, true AS lapsed, j.attempts + 1 >= j.max_attempts AS final
