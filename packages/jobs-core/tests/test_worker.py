@@ -223,6 +223,62 @@ async def test_a_claimed_body_starts_before_the_next_claim(registry: JobRegistry
     assert events[:2] == ["claim", "body"]
 
 
+async def test_a_slot_is_lent_while_its_ack_is_in_flight_one_slot_deep(
+    registry: JobRegistry,
+) -> None:
+    """A completed body's ack does not hold its slot: the next row runs while the ack lands.
+
+    With acks held back, a worker of 2 slots runs 2 more bodies (their slots lent), then stops
+    claiming: 4 rows leased at most, and never more than 2 bodies at once. Released, every ack
+    lands and every row ends done.
+    """
+    acks_go = asyncio.Event()
+    running_now = 0
+    most_running = 0
+
+    class SlowAcks(MemoryDriver):
+        async def ack(self, job_id: UUID, by: Settle) -> bool:
+            await acks_go.wait()
+            return await super().ack(job_id, by)
+
+    driver = SlowAcks()
+
+    @task_job(registry, "lent")
+    async def body(input: Task, step: Any, ctx: Any) -> None:
+        nonlocal running_now, most_running
+        running_now += 1
+        most_running = max(most_running, running_now)
+        await asyncio.sleep(0.001)
+        running_now -= 1
+
+    with use_driver(driver):
+        for i in range(8):
+            await body.enqueue(Task(key=f"k{i}"))
+    worker = Worker(driver, registry=registry, concurrency=2, poll_interval="5ms")
+    running = asyncio.create_task(worker.run())
+
+    async def in_state(state: JobState) -> int:
+        return len((await driver.introspect.list(JobFilter(state=state))).rows)
+
+    async def leased(n: int) -> bool:
+        return await in_state(JobState.RUNNING) == n
+
+    await wait_for(lambda: leased(4))
+    await asyncio.sleep(0.05)  # the claim loop had ten polls to over-claim
+    assert await leased(4)
+    assert worker.stats().in_flight == 0
+    acks_go.set()
+
+    async def all_done() -> bool:
+        return await in_state(JobState.DONE) == 8
+
+    await wait_for(all_done)
+    await worker.stop()
+    await running
+    assert most_running == 2
+    assert worker.stats().max_in_flight == 2
+
+
 async def test_a_lapsed_lease_is_reclaimed_and_the_attempt_counted(
     driver: MemoryDriver, clock: ManualClock, registry: JobRegistry
 ) -> None:

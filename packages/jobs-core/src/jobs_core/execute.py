@@ -131,6 +131,8 @@ class Attempt:
         error: the failure the row was settled with, once it was.
         settled: set once the row's settle landed or was refused (the attempt no longer owns it;
             a heartbeat answering ``False`` afterwards is not a lost lease).
+        body_over: called once when the body completed and only its ``ack`` is left to land (the
+            worker lends the slot to the next row meanwhile); ``None``: nobody listens.
     """
 
     job: ClaimedJob
@@ -141,6 +143,7 @@ class Attempt:
     settled: bool = False
     result: Any = None
     error: ErrorInfo | None = None
+    body_over: Callable[[], None] | None = None
 
     def stop(self, reason: JobsError, *, abort_writes: bool) -> None:
         """Fire the cancel signal; with ``abort_writes`` also refuse every later step write."""
@@ -283,6 +286,9 @@ async def _run(
         )
         stored = None
     settle = Settle(fence, result=stored, duration_ms=(env.clock.monotonic() - started) * 1000)
+    # An on_settled hook is user code that runs after the ack: the slot stays taken for it.
+    if attempt.body_over is not None and handle.on_settled is None:
+        attempt.body_over()
     landed = await env.driver.ack(job.id, settle)
     attempt.settled = True
     return "completed" if landed else _lost(job, "ack")

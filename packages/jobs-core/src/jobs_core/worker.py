@@ -2,12 +2,14 @@
 
 One loop claims: each pass makes ONE claim over every served queue with a free slot (its limit
 the smallest free count, so no queue exceeds its slots), starts an attempt per row, and passes
-again at once while rows come back. A freed slot or a driver wake starts a pass now; an idle pass
-backs off by doubling from ``poll_interval`` to ``idle_poll_max``. One heartbeat task renews
-every held lease each ``heartbeat`` (a third of the visibility timeout by default and at most),
-so a slow body never delays its own renewal (FIELD-FAILURES C05). On the same cadence the worker
-registers itself where the driver carries ``workers`` (the row expires one visibility timeout
-after the last beat and is removed on a clean stop). With :class:`~jobs_core.metrics.JobsMetrics`
+again at once while rows come back. A completed body's slot is free while its ack is in flight
+(at most as many such rows as slots), so the next claim overlaps the ack. A freed slot or a
+driver wake starts a pass now; an idle pass backs off by doubling from ``poll_interval`` to
+``idle_poll_max``. One heartbeat task renews every held lease each ``heartbeat`` (a third of the
+visibility timeout by default and at most), so a slow body never delays its own renewal
+(FIELD-FAILURES C05). On the same cadence the worker registers itself where the driver carries
+``workers`` (the row expires one visibility timeout after the last beat and is removed on a
+clean stop). With :class:`~jobs_core.metrics.JobsMetrics`
 it records each attempt's outcome and duration and refreshes the queue gauges; with
 OpenTelemetry installed each attempt runs in a span that is a child of the enqueuing one.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import os
 import signal
@@ -54,7 +57,7 @@ class WorkerStats:
     """A worker's counters.
 
     Attributes:
-        in_flight: attempts running now.
+        in_flight: attempts running now (a completed body whose ack is in flight is not).
         max_in_flight: the most that ran at once.
         capacity: slots in all.
         outcomes: attempts by outcome (``completed``, ``retried``, ...).
@@ -74,6 +77,8 @@ class _Held:
     task: asyncio.Task[None] | None = None
     last_landed: float = 0.0
     settled: bool = False
+    # The body completed and only its ack is in flight: the row no longer takes a slot.
+    acking: bool = False
 
 
 def _ms(value: Duration, name: str) -> int:
@@ -163,8 +168,10 @@ class Worker:
         self._abandoned = False
         self._gate = LimitGate(limits, self.clock) if limits is not None else None
         self._held: dict[tuple[UUID, int], _Held] = {}
-        # Queue -> rows in ``_held``, kept in step with it: a claim pass reads it in O(queues).
+        # Queue -> rows in ``_held`` whose body runs (``_busy``) or whose ack is in flight
+        # (``_acking``), kept in step with it: a claim pass reads them in O(queues).
         self._busy: Counter[str] = Counter()
+        self._acking: Counter[str] = Counter()
         self._wake = asyncio.Event()
         self._stopping = False
         self._claiming = False
@@ -207,7 +214,7 @@ class Worker:
     def stats(self) -> WorkerStats:
         """Answer the worker's counters now."""
         return WorkerStats(
-            in_flight=len(self._held),
+            in_flight=self._running,
             max_in_flight=self._max_in_flight,
             capacity=self.capacity,
             outcomes=dict(self._outcomes),
@@ -291,8 +298,12 @@ class Worker:
         drop = frozenset(h.name for h in self.registry.all() if not h.retry.dead_letter)
         while not self._stopping:
             self._wake.clear()
-            busy = self._busy
-            free = {q: self.slots[q] - busy[q] for q in self.queues}
+            busy, acking = self._busy, self._acking
+            # A row whose ack is in flight lends its slot (the next claim overlaps the ack), but
+            # at most one slot's worth of such rows per slot, so slow acks cannot pile up leases.
+            free = {
+                q: self.slots[q] - busy[q] - max(0, acking[q] - self.slots[q]) for q in self.queues
+            }
             selected = [q for q in self.queues if free[q] > 0]
             claimed: list[ClaimedJob] = []
             if selected:
@@ -341,16 +352,29 @@ class Worker:
 
     def _start(self, job: ClaimedJob) -> None:
         held = _Held(Attempt(job), last_landed=self.clock.monotonic())
+        held.attempt.body_over = functools.partial(self._acking_now, held)
         key = (job.id, job.claim)
         if key not in self._held:
             self._busy[job.queue] += 1
         self._held[key] = held
-        self._max_in_flight = max(self._max_in_flight, len(self._held))
+        self._max_in_flight = max(self._max_in_flight, self._running)
         context = self._attempt_context
         assert context is not None
         held.task = asyncio.get_running_loop().create_task(
             self._attempt(held), context=context.copy()
         )
+
+    def _acking_now(self, held: _Held) -> None:
+        """Lend the slot of a row whose body completed while its ack is in flight."""
+        queue = held.attempt.job.queue
+        held.acking = True
+        self._busy[queue] -= 1
+        self._acking[queue] += 1
+        self._wake.set()
+
+    @property
+    def _running(self) -> int:
+        return len(self._held) - sum(self._acking.values())
 
     async def _attempt(self, held: _Held) -> None:
         job = held.attempt.job
@@ -383,7 +407,7 @@ class Worker:
             if admitted and self._gate is not None:
                 self._gate.release(job.queue, job.tenant_id)
             if self._held.pop((job.id, job.claim), None) is not None:
-                self._busy[job.queue] -= 1
+                (self._acking if held.acking else self._busy)[job.queue] -= 1
             self._outcomes[outcome] += 1
             if self.metrics is not None:
                 self.metrics.attempt(job.queue, job.name, outcome, self.clock.monotonic() - started)
