@@ -223,6 +223,73 @@ async def test_a_claimed_body_starts_before_the_next_claim(registry: JobRegistry
     assert events[:2] == ["claim", "body"]
 
 
+async def test_a_full_claim_sends_the_next_before_its_bodies_run(registry: JobRegistry) -> None:
+    """Over a backlog a claim takes half the slots, and one that comes back full sends the next.
+
+    So the database works on the next claim while the rows just claimed run.
+    """
+    events: list[str] = []
+
+    class Recording(MemoryDriver):
+        async def claim(self, req: ClaimRequest) -> list[ClaimedJob]:
+            events.append(f"claim {req.limit}")
+            return await super().claim(req)
+
+    driver = Recording()
+
+    @task_job(registry, "backlog")
+    async def body(input: Task, step: Any, ctx: Any) -> None:
+        events.append("body")
+
+    with use_driver(driver):
+        for i in range(6):
+            await body.enqueue(Task(key=f"k{i}"))
+    worker = Worker(driver, registry=registry, concurrency=4, poll_interval="5ms")
+    running = asyncio.create_task(worker.run())
+
+    async def all_ran() -> bool:
+        return events.count("body") == 6
+
+    await wait_for(all_ran)
+    await worker.stop()
+    await running
+    assert events[:3] == ["claim 2", "claim 2", "body"]
+    assert worker.stats().max_in_flight <= 4
+
+
+async def test_rows_a_claim_brings_after_the_stop_began_are_handed_back_unrun(
+    registry: JobRegistry,
+) -> None:
+    claim_sent = asyncio.Event()
+    claim_go = asyncio.Event()
+
+    class Held(MemoryDriver):
+        async def claim(self, req: ClaimRequest) -> list[ClaimedJob]:
+            claim_sent.set()
+            await claim_go.wait()
+            return await super().claim(req)
+
+    driver = Held()
+    ran: list[str] = []
+
+    @task_job(registry, "late")
+    async def body(input: Task, step: Any, ctx: Any) -> None:
+        ran.append(input.key)
+
+    with use_driver(driver):
+        queued = await body.enqueue(Task(key="a"))
+    worker = Worker(driver, registry=registry, poll_interval="5ms")
+    running = asyncio.create_task(worker.run())
+    await claim_sent.wait()
+    stopping = asyncio.create_task(worker.stop())
+    await asyncio.sleep(0.01)
+    claim_go.set()
+    await stopping
+    await running
+    row = await state_of(driver, queued.id)
+    assert (ran, row.state, row.attempt) == ([], JobState.READY, 0)
+
+
 async def test_a_slot_is_lent_while_its_ack_is_in_flight_one_slot_deep(
     registry: JobRegistry,
 ) -> None:

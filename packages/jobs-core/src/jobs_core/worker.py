@@ -1,17 +1,21 @@
 """The worker: claims rows, runs attempts, keeps their leases, drains on SIGTERM.
 
 One loop claims: each pass makes ONE claim over every served queue with a free slot (its limit
-the smallest free count, so no queue exceeds its slots), starts an attempt per row, and passes
-again at once while rows come back. A completed body's slot is free while its ack is in flight
-(at most as many such rows as slots), so the next claim overlaps the ack. A freed slot or a
-driver wake starts a pass now; an idle pass backs off by doubling from ``poll_interval`` to
-``idle_poll_max``. One heartbeat task renews every held lease each ``heartbeat`` (a third of the
-visibility timeout by default and at most), so a slow body never delays its own renewal
-(FIELD-FAILURES C05). On the same cadence the worker registers itself where the driver carries
-``workers`` (the row expires one visibility timeout after the last beat and is removed on a
-clean stop). With :class:`~jobs_core.metrics.JobsMetrics`
-it records each attempt's outcome and duration and refreshes the queue gauges; with
-OpenTelemetry installed each attempt runs in a span that is a child of the enqueuing one.
+the smallest free count, so no queue exceeds its slots, and at most half the slots), starts an
+attempt per row, and passes again at once while rows come back. A claim that comes back full (a
+backlog) sends the next one before its rows' bodies start, so the database works on it while
+they run; at most one claim is in flight, and rows it brings after a stop began are handed back
+unrun. A completed body's slot is free while its ack is in flight (at most as many such rows as
+slots), so the next claim overlaps the ack. A freed slot or a driver wake starts a pass now; an
+idle pass backs off by doubling from ``poll_interval`` to ``idle_poll_max``.
+
+One heartbeat task renews every held lease each ``heartbeat`` (a third of the visibility timeout
+by default and at most), so a slow body never delays its own renewal (FIELD-FAILURES C05). On
+the same cadence the worker registers itself where the driver carries ``workers`` (the row
+expires one visibility timeout after the last beat and is removed on a clean stop). With
+:class:`~jobs_core.metrics.JobsMetrics` it records each attempt's outcome and duration and
+refreshes the queue gauges; with OpenTelemetry installed each attempt runs in a span that is a
+child of the enqueuing one.
 """
 
 from __future__ import annotations
@@ -47,7 +51,14 @@ from jobs_core.execute import Attempt, AttemptEnv, Outcome, execute, hand_back
 from jobs_core.job import REGISTRY, JobRegistry
 from jobs_core.limits import LimitGate, Limits
 from jobs_core.metrics import JobsMetrics
-from jobs_core.types import BuriedJob, ClaimedJob, ClaimRequest, JobState, WorkerInfo
+from jobs_core.types import (
+    BuriedJob,
+    ClaimedJob,
+    ClaimRequest,
+    JobState,
+    NackOptions,
+    WorkerInfo,
+)
 
 _log = logging.getLogger("jobs.worker")
 
@@ -296,37 +307,27 @@ class Worker:
     async def _claim_loop(self) -> None:
         idle_ms = self.poll_interval_ms
         drop = frozenset(h.name for h in self.registry.all() if not h.retry.dead_letter)
+        pending = None
         while not self._stopping:
             self._wake.clear()
-            busy, acking = self._busy, self._acking
-            # A row whose ack is in flight lends its slot (the next claim overlaps the ack), but
-            # at most one slot's worth of such rows per slot, so slow acks cannot pile up leases.
-            free = {
-                q: self.slots[q] - busy[q] - max(0, acking[q] - self.slots[q]) for q in self.queues
-            }
-            selected = [q for q in self.queues if free[q] > 0]
+            if pending is None:
+                pending = self._send_claim(drop)
             claimed: list[ClaimedJob] = []
-            if selected:
-                req = ClaimRequest(
-                    queues=selected,
-                    limit=min(free[q] for q in selected),
-                    visibility_timeout_ms=self.visibility_timeout_ms,
-                    worker_id=self.id,
-                    drop_exhausted=drop,
-                    on_exhausted=self._buried,
-                )
-                self._claiming = True
-                try:
-                    claimed = await self.driver.claim(req)
-                except Exception as exc:
-                    _log.warning(
-                        "jobs.claim.failed",
-                        extra={"event": "jobs.claim.failed", "error": str(exc)},
-                    )
-            for job in claimed:
-                self._start(job)
-            self._claiming = False
-            if claimed and not self._stopping:
+            full = False
+            if pending is not None:
+                claimed, full = await self._landed(*pending)
+                pending = None
+            if self._stopping:
+                await self._give_back(claimed)
+                break
+            held = [self._hold(job) for job in claimed]
+            if full:
+                # A full claim means a backlog: the next claim goes out before these bodies run,
+                # so the database works on it while they do (at most one claim is in flight).
+                pending = self._send_claim(drop)
+            for one in held:
+                self._begin(one)
+            if claimed:
                 idle_ms = self.poll_interval_ms
                 # One loop turn first: the attempts just started run to their first await (an
                 # idle worker's probe reaches its body's first line) before the next claim is
@@ -338,6 +339,61 @@ class Worker:
                 idle_ms = self.poll_interval_ms
             except TimeoutError:
                 idle_ms = min(idle_ms * 2, self.idle_poll_max_ms)
+        if pending is not None:
+            claimed, _ = await self._landed(*pending)
+            await self._give_back(claimed)
+
+    def _send_claim(
+        self, drop: frozenset[str]
+    ) -> tuple[asyncio.Task[list[ClaimedJob]], int] | None:
+        """Send one claim for the free slots (at most half of them); ``None`` when none is free.
+
+        Half, so that when a claim comes back full the next one finds slots to claim while the
+        rows just claimed run.
+        """
+        busy, acking = self._busy, self._acking
+        # A row whose ack is in flight lends its slot (the next claim overlaps the ack), but at
+        # most one slot's worth of such rows per slot, so slow acks cannot pile up leases.
+        free = {q: self.slots[q] - busy[q] - max(0, acking[q] - self.slots[q]) for q in self.queues}
+        selected = [q for q in self.queues if free[q] > 0]
+        if not selected:
+            return None
+        half = (min(self.slots[q] for q in selected) + 1) // 2
+        req = ClaimRequest(
+            queues=selected,
+            limit=min(half, *(free[q] for q in selected)),
+            visibility_timeout_ms=self.visibility_timeout_ms,
+            worker_id=self.id,
+            drop_exhausted=drop,
+            on_exhausted=self._buried,
+        )
+        self._claiming = True
+        return asyncio.get_running_loop().create_task(self.driver.claim(req)), req.limit
+
+    async def _landed(
+        self, claim: asyncio.Task[list[ClaimedJob]], limit: int
+    ) -> tuple[list[ClaimedJob], bool]:
+        """Answer a sent claim's rows (none if it failed) and whether it filled its limit."""
+        try:
+            claimed = await claim
+        except Exception as exc:
+            _log.warning(
+                "jobs.claim.failed", extra={"event": "jobs.claim.failed", "error": str(exc)}
+            )
+            claimed = []
+        finally:
+            self._claiming = False
+        return claimed, len(claimed) >= limit
+
+    async def _give_back(self, claimed: list[ClaimedJob]) -> None:
+        """Hand back, unrun and due now, rows a claim brought after the worker began stopping."""
+        if not claimed:
+            return
+        opts = [NackOptions(job.fence, count_attempt=False) for job in claimed]
+        await asyncio.gather(
+            *(self.driver.nack(job.id, o) for job, o in zip(claimed, opts, strict=True)),
+            return_exceptions=True,
+        )
 
     def _buried(self, buried: BuriedJob) -> None:
         _log.warning(
@@ -350,13 +406,18 @@ class Worker:
             },
         )
 
-    def _start(self, job: ClaimedJob) -> None:
+    def _hold(self, job: ClaimedJob) -> _Held:
+        """Count a claimed row in its queue's slots (its body starts with :meth:`_begin`)."""
         held = _Held(Attempt(job), last_landed=self.clock.monotonic())
         held.attempt.body_over = functools.partial(self._acking_now, held)
         key = (job.id, job.claim)
         if key not in self._held:
             self._busy[job.queue] += 1
         self._held[key] = held
+        return held
+
+    def _begin(self, held: _Held) -> None:
+        """Start a held row's attempt in its own task."""
         self._max_in_flight = max(self._max_in_flight, self._running)
         context = self._attempt_context
         assert context is not None
