@@ -49,7 +49,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--peer", action="append", default=[], help="only these peers")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument("--repeat", type=int, default=3, help="repeats per figure (median)")
-    parser.add_argument("--concurrency", type=int, default=32, help="our worker's slots")
+    parser.add_argument("--concurrency", type=int, default=64, help="our worker's slots")
     parser.add_argument("--figures", default="", help="comma list to run a subset")
     parser.add_argument("--no-floors", action="store_true", help="skip the floors")
     parser.add_argument("--json", dest="json_out", help="write every run's results here")
@@ -216,7 +216,8 @@ def _settings(
         f"Sizes: single enqueue {sizes.single:,}; batch enqueue {sizes.batch_total:,} in "
         f"batches of 1,000; processing {sizes.processing:,} no-op jobs; durable "
         f"{sizes.durable:,} runs of 3 steps; pickup {sizes.pickup} probes 200 ms apart.",
-        f"Ours: one worker process, concurrency={args.concurrency}, log level WARNING; the "
+        f"Ours: one worker process, concurrency={args.concurrency} (a claim takes at most "
+        f"{(args.concurrency + 1) // 2} rows), log level WARNING; the "
         "enqueuer is another process (memory: the same process, another thread for pickup).",
         "Processing rate = jobs / (first body start → the poll that counted the last row done "
         "in the backend). Outcomes are counted in the backend, never read from logs.",
