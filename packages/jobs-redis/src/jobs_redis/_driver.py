@@ -625,6 +625,8 @@ class RedisWakeSource:
                         heard = loop.time()
                         if message["type"] == "message":
                             callback(str(message["data"]))
+                            # Let the woken claim go out before this task reads again.
+                            await asyncio.sleep(0)
                     elif loop.time() - heard >= 2 * self._ping_s:
                         raise TimeoutError("the wake connection answered no PING")
                     else:
