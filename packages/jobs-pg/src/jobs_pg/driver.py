@@ -394,13 +394,19 @@ class PostgresDriver:
         results: list[EnqueueResult | None] = [None] * len(chunk)
         todo: Sequence[int] = range(len(chunk))
         for _ in range(ENQUEUE_RETRIES):
+            # The statement answers only the requests that inserted nothing (after a first
+            # summary row), by 1-based position in this run's batch.
             rows = await self._db.rows("enqueue", values, conn)
+            held = {int(row[0]): row for row in rows[1:]}
             missed: list[int] = []
-            for index, (job_id, run_id, deduped, _woken) in zip(todo, rows, strict=True):
-                if job_id is None:
+            for position, index in enumerate(todo, start=1):
+                row = held.get(position)
+                if row is None:
+                    results[index] = EnqueueResult(chunk[index].id, chunk[index].run_id, False)
+                elif row[1] is None:
                     missed.append(index)
                 else:
-                    results[index] = EnqueueResult(job_id, run_id, bool(deduped))
+                    results[index] = EnqueueResult(row[1], row[2], True)
             if not missed:
                 return [result for result in results if result is not None]
             # The holder committed after this statement's snapshot: look again with a new one.

@@ -20,9 +20,9 @@ AND (%(f_to)s::timestamptz IS NULL OR j.created_at < %(f_to)s)
 -- name: enqueue
 -- Inserts up to 1,000 rows in one statement. ON CONFLICT DO NOTHING covers the primary key (an
 -- explicit id that already names a row) and the live-key index (dedupe); the final SELECT answers
--- each request with the row that holds it: its own insert, the row its id names, the live row
--- holding its key, or an earlier request of this batch with the same key. A request answered by
--- nothing lost a race with a transaction that committed after this statement's snapshot; the
+-- each request that inserted nothing with the row that holds it: the row its id names, the live
+-- row holding its key, or an earlier request of this batch with the same key. A request answered
+-- by nothing lost a race with a transaction that committed after this statement's snapshot; the
 -- driver runs those again. Due rows wake their queues through the throttle (wake()).
 -- The requests come as one JSON array of objects keyed by column (a JSON null input comes out
 -- as SQL NULL, hence the coalesce). A JSON recordset's row estimate is fixed, so the plan (and
@@ -64,21 +64,22 @@ woken AS (
         SELECT DISTINCT queue FROM inserted WHERE run_at <= {now} + interval '1 second'
     )) AS notified
 )
-SELECT coalesce(i.id, e.id, k.id, b.id),
-       coalesce(i.run_id, e.run_id, k.run_id, b.run_id),
-       i.id IS NULL,
-       (SELECT notified FROM woken)
+-- The first row carries how many queues were woken (and makes the wake run: a plain CTE runs only
+-- when read); then one row per request that inserted nothing, by its position in the batch, with
+-- the row that holds it (NULL: none visible, run it again). An inserted request is not answered:
+-- its row is the id and run id it brought.
+SELECT NULL::bigint, NULL::uuid, NULL::uuid, (SELECT notified FROM woken)
+UNION ALL
+(SELECT r.ord, coalesce(e.id, k.id, b.id), coalesce(e.run_id, k.run_id, b.run_id), NULL
 FROM req r
-LEFT JOIN inserted i ON i.id = r.id
 -- Each lookup is a LIMIT 1 lateral: the planner cannot turn it into a hash join over the whole
--- table (a plan cached while the table was small would scan it at every enqueue), and it runs
--- only for a request that inserted nothing.
+-- table (a plan cached while the table was small would scan it at every enqueue).
 LEFT JOIN LATERAL (
-    SELECT e.id, e.run_id FROM {schema}.jobs e WHERE i.id IS NULL AND e.id = r.id LIMIT 1
+    SELECT e.id, e.run_id FROM {schema}.jobs e WHERE e.id = r.id LIMIT 1
 ) e ON true
 LEFT JOIN LATERAL (
     SELECT j.id, j.run_id FROM {schema}.jobs j
-    WHERE i.id IS NULL AND e.id IS NULL
+    WHERE e.id IS NULL
       AND j.name = r.name AND coalesce(j.tenant_id, '') = coalesce(r.tenant_id, '')
       AND j.idempotency_key = r.idempotency_key
       AND j.state IN ('ready', 'delayed', 'running', 'suspended')
@@ -86,12 +87,13 @@ LEFT JOIN LATERAL (
 ) k ON true
 LEFT JOIN LATERAL (
     SELECT b.id, b.run_id FROM inserted b
-    WHERE i.id IS NULL AND e.id IS NULL
+    WHERE e.id IS NULL
       AND b.name = r.name AND coalesce(b.tenant_id, '') = coalesce(r.tenant_id, '')
       AND b.idempotency_key = r.idempotency_key
     LIMIT 1
 ) b ON true
-ORDER BY r.ord
+WHERE NOT EXISTS (SELECT 1 FROM inserted i WHERE i.id = r.id)
+ORDER BY r.ord)
 
 -- name: claim
 -- One statement per claim over every queue served. Arm 1 walks each unpaused queue's claim index
