@@ -191,43 +191,8 @@ async def _any_running(worker: Worker) -> bool:
     return worker.stats().in_flight > 0
 
 
-async def test_a_claimed_body_starts_before_the_next_claim(registry: JobRegistry) -> None:
-    """After a claim the loop yields once: new attempts reach their bodies first.
-
-    So an idle worker's pickup latency does not include building and sending the next claim.
-    """
-    events: list[str] = []
-
-    class Recording(MemoryDriver):
-        async def claim(self, req: ClaimRequest) -> list[ClaimedJob]:
-            events.append("claim")
-            return await super().claim(req)
-
-    driver = Recording()
-
-    @task_job(registry, "first-line")
-    async def body(input: Task, step: Any, ctx: Any) -> None:
-        events.append("body")
-
-    with use_driver(driver):
-        await body.enqueue(Task(key="a"))
-    worker = Worker(driver, registry=registry, poll_interval="5ms", drain_timeout="5s")
-    running = asyncio.create_task(worker.run())
-
-    async def ran() -> bool:
-        return "body" in events
-
-    await wait_for(ran)
-    await worker.stop()
-    await running
-    assert events[:2] == ["claim", "body"]
-
-
-async def test_a_full_claim_sends_the_next_before_its_bodies_run(registry: JobRegistry) -> None:
-    """Over a backlog a claim takes half the slots, and one that comes back full sends the next.
-
-    So the database works on the next claim while the rows just claimed run.
-    """
+async def _claims_and_bodies(registry: JobRegistry, jobs: int, **options: Any) -> list[str]:
+    """Run a worker over ``jobs`` queued rows; answer its claims (``claim <limit>``) and bodies."""
     events: list[str] = []
 
     class Recording(MemoryDriver):
@@ -237,24 +202,42 @@ async def test_a_full_claim_sends_the_next_before_its_bodies_run(registry: JobRe
 
     driver = Recording()
 
-    @task_job(registry, "backlog")
+    @task_job(registry, "recorded")
     async def body(input: Task, step: Any, ctx: Any) -> None:
         events.append("body")
 
     with use_driver(driver):
-        for i in range(6):
+        for i in range(jobs):
             await body.enqueue(Task(key=f"k{i}"))
-    worker = Worker(driver, registry=registry, concurrency=4, poll_interval="5ms")
+    worker = Worker(driver, registry=registry, poll_interval="5ms", **options)
     running = asyncio.create_task(worker.run())
 
     async def all_ran() -> bool:
-        return events.count("body") == 6
+        return events.count("body") == jobs
 
     await wait_for(all_ran)
     await worker.stop()
     await running
+    assert worker.stats().max_in_flight <= worker.capacity
+    return events
+
+
+async def test_a_claimed_body_starts_before_the_next_claim(registry: JobRegistry) -> None:
+    """After a claim the loop yields once: new attempts reach their bodies first.
+
+    So an idle worker's pickup latency does not include building and sending the next claim.
+    """
+    events = await _claims_and_bodies(registry, 1)
+    assert events[:2] == ["claim 4", "body"]
+
+
+async def test_a_full_claim_sends_the_next_before_its_bodies_run(registry: JobRegistry) -> None:
+    """Over a backlog a claim takes half the slots, and one that comes back full sends the next.
+
+    So the database works on the next claim while the rows just claimed run.
+    """
+    events = await _claims_and_bodies(registry, 6, concurrency=4)
     assert events[:3] == ["claim 2", "claim 2", "body"]
-    assert worker.stats().max_in_flight <= 4
 
 
 async def test_rows_a_claim_brings_after_the_stop_began_are_handed_back_unrun(
