@@ -329,6 +329,51 @@ async def test_a_slot_is_lent_while_its_ack_is_in_flight_one_slot_deep(
     assert worker.stats().max_in_flight == 2
 
 
+class _SlowAcks(MemoryDriver):
+    """Acks that take 20 ms, as a network store's do."""
+
+    async def ack(self, job_id: UUID, by: Settle) -> bool:
+        await asyncio.sleep(0.02)
+        return await super().ack(job_id, by)
+
+
+@pytest.mark.parametrize(
+    ("gated", "options", "limits"),
+    [
+        ("key", {"concurrency": Concurrency(key=lambda i: i.org, limit=1, when_busy="fail")}, None),
+        ("fleet", {"concurrency": 1}, None),
+        ("tenant", {}, Limits(per_tenant=1)),
+    ],
+)
+async def test_a_lent_slot_is_not_refused_by_the_acking_rows_gate(
+    registry: JobRegistry, gated: str, options: dict[str, Any], limits: Limits | None
+) -> None:
+    """A one-slot worker runs one row at a time, so its own rows never find a gate taken.
+
+    The row claimed into a slot lent by an acking row must not meet that row's fleet lease or
+    in-process Limits count still held: it was refused (``X_JOB_KEY_BUSY``) or handed back.
+    """
+    driver = _SlowAcks()
+
+    @task_job(registry, f"gated-{gated}", **options)
+    async def body(input: Task, step: Any, ctx: Any) -> None:
+        await asyncio.sleep(0.001)
+
+    with use_driver(driver):
+        for i in range(6):
+            await body.enqueue(Task(key=f"k{i}"))
+    worker = Worker(driver, registry=registry, concurrency=1, poll_interval="5ms", limits=limits)
+    running = asyncio.create_task(worker.run())
+
+    async def all_ended() -> bool:
+        return sum(worker.stats().outcomes.values()) >= 6
+
+    await wait_for(all_ended)
+    await worker.stop()
+    await running
+    assert worker.stats().outcomes == {"completed": 6}
+
+
 async def test_a_lapsed_lease_is_reclaimed_and_the_attempt_counted(
     driver: MemoryDriver, clock: ManualClock, registry: JobRegistry
 ) -> None:

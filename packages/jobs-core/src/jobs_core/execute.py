@@ -132,7 +132,9 @@ class Attempt:
         settled: set once the row's settle landed or was refused (the attempt no longer owns it;
             a heartbeat answering ``False`` afterwards is not a lost lease).
         body_over: called once when the body completed and only its ``ack`` is left to land (the
-            worker lends the slot to the next row meanwhile); ``None``: nobody listens.
+            worker lends the slot to the next row meanwhile); not called for a job with an
+            ``on_settled`` hook or while a fleet concurrency slot is held; ``None``: nobody
+            listens.
     """
 
     job: ClaimedJob
@@ -286,8 +288,9 @@ async def _run(
         )
         stored = None
     settle = Settle(fence, result=stored, duration_ms=(env.clock.monotonic() - started) * 1000)
-    # An on_settled hook is user code that runs after the ack: the slot stays taken for it.
-    if attempt.body_over is not None and handle.on_settled is None:
+    # The slot stays taken for an on_settled hook (user code that runs after the ack) and while
+    # a fleet concurrency slot is held (released after the ack: the next row would meet it).
+    if attempt.body_over is not None and handle.on_settled is None and attempt.slot is None:
         attempt.body_over()
     landed = await env.driver.ack(job.id, settle)
     attempt.settled = True

@@ -5,9 +5,11 @@ the smallest free count, so no queue exceeds its slots, and at most half the slo
 attempt per row, and passes again at once while rows come back. A claim that comes back full (a
 backlog) sends the next one before its rows' bodies start, so the database works on it while
 they run; at most one claim is in flight, and rows it brings after a stop began are handed back
-unrun. A completed body's slot is free while its ack is in flight (at most as many such rows as
-slots), so the next claim overlaps the ack. A freed slot or a driver wake starts a pass now; an
-idle pass backs off by doubling from ``poll_interval`` to ``idle_poll_max``.
+unrun. A completed body's slot is free while its ack is in flight (unless the job holds a fleet
+concurrency slot or has an ``on_settled`` hook), so the next claim overlaps the ack; rows whose
+ack is in flight stop lending once they outnumber the slots, so a worker holds at most twice
+its slots' rows. A freed slot or a driver wake starts a pass now; an idle pass backs off by
+doubling from ``poll_interval`` to ``idle_poll_max``.
 
 One heartbeat task renews every held lease each ``heartbeat`` (a third of the visibility timeout
 by default and at most), so a slow body never delays its own renewal (FIELD-FAILURES C05). On
@@ -90,6 +92,9 @@ class _Held:
     settled: bool = False
     # The body completed and only its ack is in flight: the row no longer takes a slot.
     acking: bool = False
+    # The row holds a count of the in-process Limits gate (released once, at the earlier of
+    # the body's completion and the attempt's end).
+    gated: bool = False
 
 
 def _ms(value: Duration, name: str) -> int:
@@ -361,8 +366,9 @@ class Worker:
         rows just claimed run.
         """
         busy, acking = self._busy, self._acking
-        # A row whose ack is in flight lends its slot (the next claim overlaps the ack), but at
-        # most one slot's worth of such rows per slot, so slow acks cannot pile up leases.
+        # A row whose ack is in flight lends its slot (the next claim overlaps the ack) until
+        # such rows outnumber the slots: slow acks cannot pile up more than a slot's worth of
+        # leases each.
         free = {q: self.slots[q] - busy[q] - max(0, acking[q] - self.slots[q]) for q in self.queues}
         selected = [q for q in self.queues if free[q] > 0]
         if not selected:
@@ -439,7 +445,14 @@ class Worker:
         held.acking = True
         self._busy[queue] -= 1
         self._acking[queue] += 1
+        # The next row may run in this slot now: the body no longer counts against the limits.
+        self._ungate(held)
         self._wake.set()
+
+    def _ungate(self, held: _Held) -> None:
+        if held.gated and self._gate is not None:
+            held.gated = False
+            self._gate.release(held.attempt.job.queue, held.attempt.job.tenant_id)
 
     @property
     def _running(self) -> int:
@@ -450,6 +463,7 @@ class Worker:
         env = self._env
         assert env is not None
         admitted = self._gate is None or self._gate.admit(job.queue, job.tenant_id)
+        held.gated = admitted and self._gate is not None
         outcome: Outcome | str = "lost"
         started = self.clock.monotonic()
         try:
@@ -473,8 +487,7 @@ class Worker:
             outcome = "crashed"
         finally:
             held.settled = True
-            if admitted and self._gate is not None:
-                self._gate.release(job.queue, job.tenant_id)
+            self._ungate(held)
             if self._held.pop((job.id, job.claim), None) is not None:
                 (self._acking if held.acking else self._busy)[job.queue] -= 1
             self._outcomes[outcome] += 1
