@@ -314,50 +314,55 @@ class Worker:
         drop = frozenset(h.name for h in self.registry.all() if not h.retry.dead_letter)
         # The claim in flight, with its limit.
         pending: tuple[Awaitable[list[ClaimedJob]], int] | None = None
-        while not self._stopping:
-            self._wake.clear()
-            if pending is None:
-                # No claim in flight: this one is awaited here, sent without a task's loop turn.
-                req = self._claim_request(drop)
-                pending = None if req is None else (self.driver.claim(req), req.limit)
-            claimed: list[ClaimedJob] = []
-            full = False
+        try:
+            while not self._stopping:
+                self._wake.clear()
+                if pending is None:
+                    # No claim in flight: this one is awaited here, sent without a task's loop turn.
+                    req = self._claim_request(drop)
+                    pending = None if req is None else (self.driver.claim(req), req.limit)
+                claimed: list[ClaimedJob] = []
+                full = False
+                if pending is not None:
+                    claimed, full = await self._landed(*pending)
+                    pending = None
+                if self._stopping:
+                    await self._give_back(claimed)
+                    break
+                held = [self._hold(job) for job in claimed]
+                if full:
+                    # A full claim means a backlog: the next claim goes out before these bodies run,
+                    # so the database works on it while they do (at most one claim is in flight).
+                    req = self._claim_request(drop)
+                    if req is not None:
+                        pending = (
+                            asyncio.get_running_loop().create_task(self.driver.claim(req)),
+                            req.limit,
+                        )
+                for one in held:
+                    self._begin(one)
+                if claimed:
+                    idle_ms = self.poll_interval_ms
+                    # One loop turn first: the attempts just started run to their first await (an
+                    # idle worker's probe reaches its body's first line) before the next claim is
+                    # built and sent.
+                    await asyncio.sleep(0)
+                    continue
+                try:
+                    # A timeout context rather than wait_for: no task per wait, and a wake resumes
+                    # this loop one loop turn sooner (part of an idle worker's pickup latency).
+                    async with asyncio.timeout(idle_ms / 1000):
+                        await self._wake.wait()
+                    idle_ms = self.poll_interval_ms
+                except TimeoutError:
+                    idle_ms = min(idle_ms * 2, self.idle_poll_max_ms)
             if pending is not None:
-                claimed, full = await self._landed(*pending)
-                pending = None
-            if self._stopping:
+                claimed, _ = await self._landed(*pending)
                 await self._give_back(claimed)
-                break
-            held = [self._hold(job) for job in claimed]
-            if full:
-                # A full claim means a backlog: the next claim goes out before these bodies run,
-                # so the database works on it while they do (at most one claim is in flight).
-                req = self._claim_request(drop)
-                if req is not None:
-                    pending = (
-                        asyncio.get_running_loop().create_task(self.driver.claim(req)),
-                        req.limit,
-                    )
-            for one in held:
-                self._begin(one)
-            if claimed:
-                idle_ms = self.poll_interval_ms
-                # One loop turn first: the attempts just started run to their first await (an
-                # idle worker's probe reaches its body's first line) before the next claim is
-                # built and sent.
-                await asyncio.sleep(0)
-                continue
-            try:
-                # A timeout context rather than wait_for: no task per wait, and a wake resumes
-                # this loop one loop turn sooner (part of an idle worker's pickup latency).
-                async with asyncio.timeout(idle_ms / 1000):
-                    await self._wake.wait()
-                idle_ms = self.poll_interval_ms
-            except TimeoutError:
-                idle_ms = min(idle_ms * 2, self.idle_poll_max_ms)
-        if pending is not None:
-            claimed, _ = await self._landed(*pending)
-            await self._give_back(claimed)
+        finally:
+            # Cancelled (run() itself was) with a claim in flight: it must not go on alone.
+            if pending is not None and isinstance(pending[0], asyncio.Task):
+                pending[0].cancel()
 
     def _claim_request(self, drop: frozenset[str]) -> ClaimRequest | None:
         """Answer the claim for the free slots (at most half of them); ``None`` when none is free.
