@@ -121,11 +121,16 @@ def conformance_redis(session: nox.Session) -> None:
 
 @nox.session(name="tests-pg", python=PYTHON)
 def tests_pg(session: nox.Session) -> None:
-    """Run jobs-pg's own tests against PostgreSQL at 127.0.0.1:5432 (fails if it is down)."""
+    """Run jobs-pg's own tests against PostgreSQL at 127.0.0.1:5432 (fails if it is down).
+
+    Also the core tests that take a ``postgresql`` variant once jobs-pg is installed (marked
+    ``pg``; the core session, without jobs-pg, never collects them).
+    """
     session.install("-e", CORE, "-e", CONFORMANCE, "-e", PG, *TEST_DEPS)
     session.run(
         "pytest", f"{PG}/tests", "-m", "not slow and not conformance", "-q", *session.posargs
     )
+    session.run("pytest", f"{CORE}/tests", "-m", "pg and not slow", "-q", *session.posargs)
 
 
 @nox.session(name="conformance-pg", python=PYTHON)
