@@ -156,3 +156,25 @@ async def test_an_idle_poll_without_a_notify_heard_sends_no_rearm(
         assert await claim(driver, "q") == []
     assert sent == ["claim"] * 3
     assert heard == []
+
+
+async def test_unsubscribing_right_after_a_wake_closes_the_listener(
+    driver: PostgresDriver, enqueuer: PostgresDriver
+) -> None:
+    """The listener stops, and promptly, when its last subscriber leaves right after a wake.
+
+    The listener reads inside psycopg's ``notifies()`` generator, which holds the connection's
+    lock while it is suspended; it must be cancelled inside it, never between two reads.
+    """
+    stopped: list[asyncio.Task[None]] = []
+
+    def on_wake(queue: str) -> None:
+        if not stopped:
+            stopped.append(asyncio.get_running_loop().create_task(unsubscribe()))
+
+    unsubscribe = await driver.wake.subscribe(on_wake)
+    await until(lambda: driver.wake.live, timeout=10)
+    await enqueuer.enqueue(request("k", queue="q"))
+    await until(lambda: bool(stopped), timeout=5)
+    await asyncio.wait_for(stopped[0], timeout=10)
+    assert (driver.wake._task, driver.wake.live) == (None, False)

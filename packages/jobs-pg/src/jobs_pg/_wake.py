@@ -300,8 +300,6 @@ class PgWakeSource:
                     self._probe_seen.set()
             elif note.payload:
                 self._dispatch(note.payload)
-                # Let the woken claim go out before this task reads again.
-                await asyncio.sleep(0)
 
     async def _probe(self, reader: asyncio.Task[None]) -> bool:
         """Send a probe through the pool; answer whether it came back within the timeout."""
