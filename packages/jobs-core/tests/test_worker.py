@@ -57,6 +57,21 @@ async def state_of(driver: MemoryDriver, job_id: UUID) -> Any:
     return row
 
 
+class _Peak:
+    """Counts bodies running at once; ``most`` is the highest count seen."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.most = 0
+
+    async def hold(self, seconds: float) -> None:
+        """Count one body in for ``seconds`` (s)."""
+        self.now += 1
+        self.most = max(self.most, self.now)
+        await asyncio.sleep(seconds)
+        self.now -= 1
+
+
 async def wait_for(predicate: Any, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not await predicate():
@@ -283,8 +298,7 @@ async def test_a_slot_is_lent_while_its_ack_is_in_flight_one_slot_deep(
     lands and every row ends done.
     """
     acks_go = asyncio.Event()
-    running_now = 0
-    most_running = 0
+    bodies = _Peak()
 
     class SlowAcks(MemoryDriver):
         async def ack(self, job_id: UUID, by: Settle) -> bool:
@@ -295,11 +309,7 @@ async def test_a_slot_is_lent_while_its_ack_is_in_flight_one_slot_deep(
 
     @task_job(registry, "lent")
     async def body(input: Task, step: Any, ctx: Any) -> None:
-        nonlocal running_now, most_running
-        running_now += 1
-        most_running = max(most_running, running_now)
-        await asyncio.sleep(0.001)
-        running_now -= 1
+        await bodies.hold(0.001)
 
     with use_driver(driver):
         for i in range(8):
@@ -325,7 +335,7 @@ async def test_a_slot_is_lent_while_its_ack_is_in_flight_one_slot_deep(
     await wait_for(all_done)
     await worker.stop()
     await running
-    assert most_running == 2
+    assert bodies.most == 2
     assert worker.stats().max_in_flight == 2
 
 
@@ -554,22 +564,17 @@ async def test_worker_refuses_to_start_when_concurrency_cannot_be_enforced(
 async def test_in_process_limits_hand_back_without_spending_attempts(
     driver: MemoryDriver, clock: ManualClock, registry: JobRegistry
 ) -> None:
-    running = 0
-    peak = 0
+    bodies = _Peak()
 
     @task_job(registry, "limited", retry=Retry(attempts=1))
     async def body(input: Task, step: Any, ctx: Any) -> None:
-        nonlocal running, peak
-        running += 1
-        peak = max(peak, running)
-        await asyncio.sleep(0.01)
-        running -= 1
+        await bodies.hold(0.01)
 
     await body.enqueue_many([Task(key=str(n)) for n in range(6)])
     stats = await run_jobs(
         driver, clock=clock, registry=registry, concurrency=6, limits=Limits(per_tenant=2)
     )
-    assert peak == 2
+    assert bodies.most == 2
     assert stats.outcomes["completed"] == 6
     page = await driver.introspect.list(JobFilter(name="limited"))
     assert all(r.state == JobState.DONE and r.attempt == 1 for r in page.rows)

@@ -220,9 +220,18 @@ async def _acquire_slot(
     return await hand_back(env.driver, attempt.job)
 
 
-async def hand_back(driver: JobDriver, job: ClaimedJob) -> Outcome:
-    """Give a claimed row back unrun (attempt not spent), due again in about a second."""
-    opts = NackOptions(job.fence, delay_ms=BUSY_RETRY.delay_after_ms(1), count_attempt=False)
+async def hand_back(
+    driver: JobDriver, job: ClaimedJob, delay_ms: int = BUSY_RETRY.delay_after_ms(1)
+) -> Outcome:
+    """Give a claimed row back unrun (attempt not spent), due again in ``delay_ms`` (ms).
+
+    The default is about a second (a busy slot); answers ``deferred``, or ``lost`` if the claim
+    was no longer held.
+
+    Raises:
+        DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``; the lease lapses instead.
+    """
+    opts = NackOptions(job.fence, delay_ms=delay_ms, count_attempt=False)
     return "deferred" if await driver.nack(job.id, opts) else "lost"
 
 

@@ -58,7 +58,6 @@ from jobs_core.types import (
     ClaimedJob,
     ClaimRequest,
     JobState,
-    NackOptions,
     WorkerInfo,
 )
 
@@ -342,6 +341,7 @@ class Worker:
                 for one in held:
                     self._begin(one)
                 if claimed:
+                    self._max_in_flight = max(self._max_in_flight, self._running)
                     idle_ms = self.poll_interval_ms
                     # One loop turn first: the attempts just started run to their first await (an
                     # idle worker's probe reaches its body's first line) before the next claim is
@@ -406,12 +406,8 @@ class Worker:
 
     async def _give_back(self, claimed: list[ClaimedJob]) -> None:
         """Hand back, unrun and due now, rows a claim brought after the worker began stopping."""
-        if not claimed:
-            return
-        opts = [NackOptions(job.fence, count_attempt=False) for job in claimed]
         await asyncio.gather(
-            *(self.driver.nack(job.id, o) for job, o in zip(claimed, opts, strict=True)),
-            return_exceptions=True,
+            *(hand_back(self.driver, job, delay_ms=0) for job in claimed), return_exceptions=True
         )
 
     def _buried(self, buried: BuriedJob) -> None:
@@ -437,7 +433,6 @@ class Worker:
 
     def _begin(self, held: _Held) -> None:
         """Start a held row's attempt in its own task."""
-        self._max_in_flight = max(self._max_in_flight, self._running)
         context = self._attempt_context
         assert context is not None
         held.task = asyncio.get_running_loop().create_task(

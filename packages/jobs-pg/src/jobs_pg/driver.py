@@ -394,10 +394,10 @@ class PostgresDriver:
         results: list[EnqueueResult | None] = [None] * len(chunk)
         todo: Sequence[int] = range(len(chunk))
         for _ in range(ENQUEUE_RETRIES):
-            # The statement answers only the requests that inserted nothing (after a first
-            # summary row), by 1-based position in this run's batch.
+            # The statement answers only the requests that inserted nothing, by 1-based position
+            # in this run's batch (its summary row has no position).
             rows = await self._db.rows("enqueue", values, conn)
-            held = {int(row[0]): row for row in rows[1:]}
+            held = {int(row[0]): row for row in rows if row[0] is not None}
             missed: list[int] = []
             for position, index in enumerate(todo, start=1):
                 row = held.get(position)

@@ -64,8 +64,8 @@ woken AS (
         SELECT DISTINCT queue FROM inserted WHERE run_at <= {now} + interval '1 second'
     )) AS notified
 )
--- The first row carries how many queues were woken (and makes the wake run: a plain CTE runs only
--- when read); then one row per request that inserted nothing, by its position in the batch, with
+-- A summary row (no position) carries how many queues were woken (and makes the wake run: a plain
+-- CTE runs only when read); then one row per request that inserted nothing, by its position, with
 -- the row that holds it (NULL: none visible, run it again). An inserted request is not answered:
 -- its row is the id and run id it brought.
 SELECT NULL::bigint, NULL::uuid, NULL::uuid, (SELECT notified FROM woken)
