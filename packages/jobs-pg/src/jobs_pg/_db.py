@@ -123,6 +123,8 @@ class Db:
         self.statements = Statements(schema)
         self.clock = clock
         self.owned = pool is None
+        # Without prepared statements (behind a pooler) a warm-up would plan nothing to keep.
+        self._warm = prepare_threshold is not None
         self.pool: AsyncConnectionPool[Any] = pool or AsyncConnectionPool(
             conninfo,
             min_size=min_size,
@@ -152,13 +154,16 @@ class Db:
         crossed ``jit_above_cost``, spending ~280 ms of a 445 ms statement compiling it. The
         :data:`WARM_UP` statements run :data:`WARM_RUNS` times each, here while the pool opens
         or grows, so no caller's statement pays a cold connection's catalog loads and plans. A
-        schema not migrated yet only ends the warm-up.
+        schema not migrated yet only ends the warm-up; with ``prepare_threshold=None`` there is
+        none.
 
         Raises:
             psycopg.OperationalError: the connection broke (the pool then discards it).
         """
         await conn.execute("SET TIME ZONE 'UTC'")
         await conn.execute("SET jit = off")
+        if not self._warm:
+            return
         try:
             for block, values in WARM_UP:
                 for _ in range(WARM_RUNS):
