@@ -221,6 +221,54 @@ async def test_a_new_pool_connection_plans_the_hot_statements_before_it_is_lent(
         await driver.close()
 
 
+async def test_a_warm_up_that_cannot_finish_never_keeps_a_connection_from_the_pool(
+    pg_url: str, migrated: str
+) -> None:
+    """A lock held on ``jobs`` or a tiny ``statement_timeout`` ends the warm-up; the connection
+    is still lent (before, the pool discarded it and dialled again until callers timed out)."""
+    async with await psycopg.AsyncConnection.connect(pg_url) as holder:
+        # SHARE mode (a non-concurrent CREATE INDEX) blocks the warm-up's inserts and updates.
+        await holder.execute(f'LOCK TABLE "{migrated}".jobs IN SHARE MODE')
+        driver = PostgresDriver(pg_url, schema=migrated, min_size=1, max_size=1, timeout=2)
+        try:
+            async with driver._db.connection() as conn:
+                cur = await conn.execute("SHOW lock_timeout")
+                assert await cur.fetchone() == ("0",)  # the session's own value is back
+            assert await driver.stats() == []
+        finally:
+            await driver.close()
+    tight = f"{pg_url}?options=-c%20statement_timeout%3D1"
+    driver = PostgresDriver(tight, schema=migrated, min_size=1, max_size=1, timeout=2)
+    try:
+        async with driver._db.connection() as conn:
+            cur = await conn.execute("SHOW statement_timeout")
+            assert await cur.fetchone() == ("1ms",)
+    finally:
+        await driver.close()
+
+
+async def test_the_warm_up_claims_nothing_whatever_the_queue_name(
+    pg_url: str, migrated: str
+) -> None:
+    """The warm-up's claim takes at most 0 rows: even a row in the empty queue (only raw SQL can
+    make one; the driver refuses that name) is left as it was."""
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute(
+            f'INSERT INTO "{migrated}".jobs (id, run_id, name, queue, input, idempotency_key,'
+            " state, max_attempts, run_at, created_at, updated_at)"
+            " VALUES (gen_random_uuid(), gen_random_uuid(), 'job', '', 'null', 'k', 'ready', 3,"
+            " now(), now(), now())"
+        )
+        driver = PostgresDriver(pg_url, schema=migrated, min_size=2, max_size=2)
+        try:
+            async with driver._db.connection(), driver._db.connection():
+                pass
+        finally:
+            await driver.close()
+        cur = await conn.execute(f'SELECT state, attempts, claim FROM "{migrated}".jobs')
+        assert await cur.fetchall() == [("ready", 0, 0)]
+
+
 async def test_pool_connections_never_jit_compile(driver: PostgresDriver) -> None:
     """JIT is off on every pool connection.
 

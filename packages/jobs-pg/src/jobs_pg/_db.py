@@ -74,22 +74,27 @@ WARM_UP: tuple[tuple[str, dict[str, Any]], ...] = (
     ("enqueue", {"rows": "[]"}),
     (
         "claim",
-        {"queues": [""], "limit": 1, "lease_ms": 1, "worker": "", "drop": [], "reason": ""},
+        {"queues": [""], "limit": 0, "lease_ms": 1, "worker": "", "drop": [], "reason": ""},
     ),
     (
         "ack",
         {
             "ids": [UUID(int=0)],
             "workers": [""],
-            "claims": [0],
+            "claims": [-1],
             "results": ["null"],
             "durations": [0.0],
         },
     ),
 )
 """The hot statements (enqueue, claim, ack) with inputs that match no row and change nothing:
-no request, the empty queue name (never a queue's), the nil id. Their parameters have the types
-of real calls, so psycopg reuses the statements it prepared here."""
+no request; a claim of at most 0 rows (of the empty queue name, which is never a queue's); an ack
+fenced on claim -1, which no claim ever numbers. Their parameters have the types of real calls,
+so psycopg reuses the statements it prepared here."""
+
+WARM_LOCK_TIMEOUT = "100ms"
+"""How long a warm-up statement waits for a lock (a non-concurrent ``CREATE INDEX`` on ``jobs``,
+say) before the warm-up ends: a new connection is never held up behind one."""
 
 
 class Db:
@@ -154,8 +159,9 @@ class Db:
         crossed ``jit_above_cost``, spending ~280 ms of a 445 ms statement compiling it. The
         :data:`WARM_UP` statements run :data:`WARM_RUNS` times each, here while the pool opens
         or grows, so no caller's statement pays a cold connection's catalog loads and plans. A
-        schema not migrated yet only ends the warm-up; with ``prepare_threshold=None`` there is
-        none.
+        failure that leaves the connection usable (a schema not migrated yet, a lock held longer
+        than :data:`WARM_LOCK_TIMEOUT`, the session's ``statement_timeout``, a read-only role)
+        only ends the warm-up; with ``prepare_threshold=None`` there is none.
 
         Raises:
             psycopg.OperationalError: the connection broke (the pool then discards it).
@@ -164,14 +170,16 @@ class Db:
         await conn.execute("SET jit = off")
         if not self._warm:
             return
+        await conn.execute(f"SET lock_timeout = '{WARM_LOCK_TIMEOUT}'")
         try:
             for block, values in WARM_UP:
                 for _ in range(WARM_RUNS):
                     await self.rows(block, values, conn)
-        except UNAVAILABLE:
-            raise
         except psycopg.Error:
-            return
+            if conn.broken:
+                raise
+        # Back to the session's own value (the URL's options, the role's or database's setting).
+        await conn.execute("RESET lock_timeout")
 
     def remember_stepless(self, run_id: UUID) -> None:
         """Note that a run had no step records when this driver claimed it."""
