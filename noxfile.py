@@ -1,9 +1,11 @@
 """The test matrix: lint, typing, each package's tests, and the demo.
 
-``nox`` runs the default sessions (lint, typecheck, tests, conformance-memory); ``nox -s demo``
-runs the demo. Each driver package adds a ``conformance-<driver>`` session that runs the
-jobs-conformance suite against its driver (its tests' conftest opts in; ``-m conformance``).
-Every tool and test dependency is pinned once, in ``PINS``, so sessions never disagree.
+``nox`` runs the default sessions (``nox.options.sessions`` below: lint, typecheck, the core
+tests, then each driver's tests and conformance, and ``pg-restart`` last, which restarts the
+local PostgreSQL server); ``nox -s demo`` runs the demo. Each driver package adds a
+``conformance-<driver>`` session that runs the jobs-conformance suite against its driver (its
+tests' conftest opts in; ``-m conformance``). Every tool and test dependency is pinned once, in
+``PINS``, so sessions never disagree.
 """
 
 from __future__ import annotations

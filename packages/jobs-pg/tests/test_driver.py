@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import textwrap
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -77,6 +80,35 @@ async def test_the_entry_point_driver_opens_its_pool_on_first_use(url: str, migr
         assert [s.queue for s in await driver.stats()] == ["default"]
     finally:
         await driver.close()
+
+
+def test_sync_enqueues_through_the_entry_point_return_and_the_process_exits(
+    url: str, migrated: str
+) -> None:
+    """Each ``enqueue_sync`` runs in a loop of its own. The first one used to end while the pool
+    still set up its second connection: psycopg-pool retried the cancelled set-up and the call
+    never returned."""
+    script = textwrap.dedent(
+        f"""
+        from pydantic import BaseModel
+        from jobs_core import install_driver, job, open_driver
+
+        class Org(BaseModel):
+            org_id: str
+
+        @job(input=Org, idempotency_key=lambda i: i.org_id, tenant="none", name="sync.onboard")
+        async def onboard(input, step, ctx): ...
+
+        install_driver(open_driver({url!r}))
+        print(onboard.enqueue_sync(Org(org_id="a")).deduped, flush=True)
+        print(onboard.enqueue_sync(Org(org_id="a")).deduped, flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (done.returncode, done.stdout) == (0, "False\nTrue\n"), done.stderr
+    assert "error connecting" not in done.stderr
 
 
 async def test_protocols_capabilities_and_describe(driver: PostgresDriver) -> None:

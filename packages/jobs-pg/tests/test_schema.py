@@ -241,6 +241,16 @@ def test_jobs_pg_migrate_and_sql(pg_url: str, schema: str) -> None:
     assert refused.returncode == 2 and "X_DRIVER_UNAVAILABLE" in refused.stderr
 
 
+def test_jobs_pg_migrate_takes_the_schema_from_the_url(url: str, schema: str) -> None:
+    """``?schema=`` in ``--driver`` names the schema, as it does for ``jobs worker`` (the
+    command once migrated ``jobs`` whatever the URL said)."""
+    first = _jobs("migrate", "--driver", url)
+    applied = "".join(f"applied {m.name}\n" for m in migrations())
+    assert (first.returncode, first.stdout) == (0, applied), first.stderr
+    again = _jobs("migrate", "--driver", url)
+    assert again.stdout == f"schema '{schema}' is up to date\n"
+
+
 async def test_the_keda_query_answers_the_largest_demand(
     driver: PostgresDriver, pg_url: str
 ) -> None:

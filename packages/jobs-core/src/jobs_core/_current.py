@@ -85,7 +85,9 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` to completion from synchronous code and answer its result.
 
     In a worker thread of a sync body, the coroutine runs on the worker's loop (the driver's
-    connections live there). With no home loop it runs in a fresh loop via :func:`asyncio.run`.
+    connections live there). With no home loop it runs in a fresh loop, as :func:`asyncio.run`
+    would, except that tasks it leaves running are cancelled until they end
+    (:func:`_end_leftovers`).
 
     Raises:
         RuntimeError: called from a thread that is running an event loop (``await`` instead).
@@ -100,4 +102,32 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     loop = _home_loop.get()
     if loop is not None and loop.is_running():
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
-    return asyncio.run(coro)
+    with asyncio.Runner() as runner:
+        try:
+            return runner.run(coro)
+        finally:
+            runner.run(_end_leftovers())
+
+
+LEFTOVER_ROUNDS = 10
+LEFTOVER_WAIT_S = 0.1
+
+
+async def _end_leftovers() -> None:
+    """Cancel the tasks still running in a closing loop, again while any survives a round.
+
+    ``asyncio.run`` cancels them once and waits for all of them. A task that swallows the
+    cancellation then never ends, and neither does the sync call: psycopg-pool retries a
+    connection whose set-up was cancelled (its task catches ``CancelledError``), which a
+    ``*_sync`` call met whenever it returned while the pool was still dialling its second
+    connection. A task that still runs after :data:`LEFTOVER_ROUNDS` rounds is left to the
+    loop's close.
+    """
+    me = asyncio.current_task()
+    for _ in range(LEFTOVER_ROUNDS):
+        left = [task for task in asyncio.all_tasks() if task is not me and not task.done()]
+        if not left:
+            return
+        for task in left:
+            task.cancel()
+        await asyncio.wait(left, timeout=LEFTOVER_WAIT_S)

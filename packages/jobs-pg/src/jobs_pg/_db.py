@@ -130,20 +130,21 @@ class Db:
         self.owned = pool is None
         # Without prepared statements (behind a pooler) a warm-up would plan nothing to keep.
         self._warm = prepare_threshold is not None
-        self.pool: AsyncConnectionPool[Any] = pool or AsyncConnectionPool(
-            conninfo,
-            min_size=min_size,
-            max_size=max_size,
-            timeout=timeout,
-            open=False,
-            configure=self._configure,
-            kwargs={
+        self._pool_options: dict[str, Any] = {
+            "min_size": min_size,
+            "max_size": max_size,
+            "timeout": timeout,
+            "open": False,
+            "configure": self._configure,
+            "kwargs": {
                 "autocommit": True,
                 "prepare_threshold": prepare_threshold,
                 **application_name(conninfo, f"jobs-pg:{schema}"),
             },
-            name=f"jobs-pg:{schema}",
-        )
+            "name": f"jobs-pg:{schema}",
+        }
+        self._conninfo = conninfo
+        self.pool: AsyncConnectionPool[Any] = pool or self._new_pool()
         self._opened = not self.owned
         self._closed = False
         # Runs a claim just found without step records (run id -> None, oldest first): the
@@ -196,10 +197,25 @@ class Db:
             raise DriverUnavailableError("the postgresql driver is closed", driver="postgresql")
         if not self._opened:
             # Opened on first use, so a driver built outside an event loop (the entry point)
-            # binds its pool to the loop that uses it.
-            await self.pool.open(wait=False)
+            # binds its pool to the loop that uses it. The first caller waits for the pool's
+            # min_size connections (dialled, set up, warmed) rather than ask for one: a client
+            # waiting on an empty pool makes it dial one more, and a dial still under way when
+            # a short-lived loop ends (a *_sync call's) is cancelled, which psycopg-pool logs as
+            # a failed dial and retries. Callers meanwhile ask the pool as before.
             self._opened = True
+            try:
+                await self.pool.open(wait=True, timeout=self.pool.timeout)
+            except PoolTimeout as exc:
+                # The wait closed the pool: the next call opens a new one.
+                self.pool = self._new_pool()
+                self._opened = False
+                raise DriverUnavailableError(
+                    f"postgresql is unavailable: {exc}", driver="postgresql"
+                ) from exc
         return self.pool
+
+    def _new_pool(self) -> AsyncConnectionPool[Any]:
+        return AsyncConnectionPool(self._conninfo, **self._pool_options)
 
     def _suspect(self) -> None:
         """Have the pool check its idle connections once (a server restart broke them all)."""

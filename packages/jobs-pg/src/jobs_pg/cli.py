@@ -20,6 +20,14 @@ from jobs_pg.driver import open_postgres_driver
 SchemaOption = Annotated[
     str, typer.Option("--schema", help="The schema the tables live in (default: jobs).")
 ]
+MigrateSchemaOption = Annotated[
+    str | None,
+    typer.Option(
+        "--schema",
+        help="The schema the tables live in (default: the URL's ?schema=, else jobs).",
+        show_default=False,
+    ),
+]
 
 
 def _fail(error: JobsError) -> typer.Exit:
@@ -39,26 +47,27 @@ def migrate(
             show_default=False,
         ),
     ],
-    schema: SchemaOption = "jobs",
+    schema: MigrateSchemaOption = None,
 ) -> None:
     """Apply the shipped migrations the schema lacks (safe to run from many pods at once)."""
+    chosen = {} if schema is None else {"schema": schema}
 
-    async def run() -> list[str]:
-        opened = open_postgres_driver(driver, schema=schema, min_size=0, max_size=1)
+    async def run() -> tuple[str, list[str]]:
+        opened = open_postgres_driver(driver, min_size=0, max_size=1, **chosen)
         try:
-            return await opened.migrate()
+            return opened.schema, await opened.migrate()
         finally:
             await opened.close()
 
     try:
-        applied = asyncio.run(run())
+        migrated, applied = asyncio.run(run())
     except JobsError as exc:
         raise _fail(exc) from None
     if applied:
         for name in applied:
             typer.echo(f"applied {name}")
     else:
-        typer.echo(f"schema {schema!r} is up to date")
+        typer.echo(f"schema {migrated!r} is up to date")
 
 
 def show_sql(schema: SchemaOption = "jobs") -> None:

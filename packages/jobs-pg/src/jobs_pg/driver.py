@@ -635,9 +635,9 @@ def _claimed(row: Row, worker_id: str) -> ClaimedJob:
 def open_postgres_driver(url: str, **options: Any) -> PostgresDriver:
     """Open a driver for ``url`` without an event loop (the ``jobs.drivers`` entry point).
 
-    The pool opens on the first call, on the loop making it. The driver's own options may also
-    come in the URL's query (``?schema=app_jobs&max_size=20``); the rest of the query goes to
-    libpq.
+    The pool opens on the first call, on the loop making it. ``schema``, ``min_size`` and
+    ``max_size`` may also come in the URL's query (``?schema=app_jobs&max_size=20``; a keyword
+    argument wins); the rest of the query goes to libpq.
 
     Args:
         url: ``postgresql://…`` or ``postgres://…``.
