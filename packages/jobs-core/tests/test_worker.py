@@ -255,6 +255,41 @@ async def test_a_full_claim_sends_the_next_before_its_bodies_run(registry: JobRe
     assert events[:3] == ["claim 2", "claim 2", "body"]
 
 
+async def test_a_settled_attempt_leaves_no_reference_cycle(registry: JobRegistry) -> None:
+    """Reference counting frees an attempt's objects as it settles.
+
+    The lending callback held its row, which held the callback: ~19 objects per job (the row,
+    its attempt, task, coroutine, context, step runner...) waited for the cycle collector, which
+    cost a pg worker draining a backlog ~4% of its rate.
+    """
+    import gc
+
+    @task_job(registry, "w.acyclic")
+    async def acyclic(input: Task, step: Any, ctx: Any) -> None:
+        await step.run("one", _one)
+
+    driver = MemoryDriver()
+    with use_driver(driver):
+        await acyclic.enqueue_many([Task(key=f"k{i}") for i in range(50)])
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        stats = await run_jobs(driver, registry=registry)
+        gc.collect()
+        kinds = Counter(type(o).__name__ for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert stats.outcomes == {"completed": 50}
+    assert {k: kinds[k] for k in ("_Held", "Attempt", "StepRunner", "ClaimedJob") if kinds[k]} == {}
+
+
+async def _one() -> int:
+    return 1
+
+
 async def test_rows_a_claim_brings_after_the_stop_began_are_handed_back_unrun(
     registry: JobRegistry,
 ) -> None:

@@ -487,6 +487,9 @@ class Worker:
             outcome = "crashed"
         finally:
             held.settled = True
+            # The lending callback holds the row that holds it: break the cycle, so the row and
+            # its attempt are freed now rather than by the cycle collector.
+            held.attempt.body_over = None
             self._ungate(held)
             if self._held.pop((job.id, job.claim), None) is not None:
                 (self._acking if held.acking else self._busy)[job.queue] -= 1
