@@ -110,7 +110,10 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 
 LEFTOVER_ROUNDS = 10
+"""How many times a sync call's closing loop cancels the tasks still running in it."""
+
 LEFTOVER_WAIT_S = 0.1
+"""Seconds each round waits for the cancelled tasks to end (a round ends sooner once they have)."""
 
 
 async def _end_leftovers() -> None:

@@ -53,13 +53,7 @@ from jobs_core.execute import Attempt, AttemptEnv, Outcome, execute, hand_back
 from jobs_core.job import REGISTRY, JobRegistry
 from jobs_core.limits import LimitGate, Limits
 from jobs_core.metrics import JobsMetrics
-from jobs_core.types import (
-    BuriedJob,
-    ClaimedJob,
-    ClaimRequest,
-    JobState,
-    WorkerInfo,
-)
+from jobs_core.types import BuriedJob, ClaimedJob, ClaimRequest, JobState, WorkerInfo
 
 _log = logging.getLogger("jobs.worker")
 
@@ -368,7 +362,8 @@ class Worker:
         """Answer the claim for the free slots (at most half of them); ``None`` when none is free.
 
         Half, so that when a claim comes back full the next one finds slots to claim while the
-        rows just claimed run.
+        rows just claimed run. Every caller sends the request at once, so a request marks a claim
+        in flight (:meth:`_landed` clears the mark).
         """
         busy, acking = self._busy, self._acking
         # A row whose ack is in flight lends its slot (the next claim overlaps the ack) until
