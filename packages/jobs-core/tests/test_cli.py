@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -153,7 +154,9 @@ def test_worker_runs_app_jobs_and_drains_on_sigterm(tiny_app: Path, command: str
     assert "jobs.worker.started" in err
     assert "queues=default,slow" in err
     assert "job=tinyapp.write_note" in err and "outcome=completed" in err
-    assert "jobs.worker.draining signal=SIGTERM in_flight=1" in err
+    # The blocked body is running; write_note's may still be between its last line and its
+    # completion when the signal lands (its file exists a moment before), so 1 or 2.
+    assert re.search(r"jobs\.worker\.draining signal=SIGTERM in_flight=[12] ", err), err
     # The blocked body honoured its cancel signal: handed back, its attempt not spent.
     assert "job=tinyapp.block" in err and "outcome=interrupted" in err
     assert "jobs.worker.stopped" in err
