@@ -153,7 +153,7 @@ def pg_restart(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
     """Run the jobs-core demo on the memory driver."""
     session.install("-e", CORE)
-    session.run("jobs", "demo", *session.posargs)
+    session.run("jobsctl", "demo", *session.posargs)
 
 
 # The benchmark session (issue 8): never in the default sessions, and the only place the peer

@@ -28,7 +28,7 @@ Fixtures the driver provides (see ``conformance/README.md`` for the full contrac
     The suite closes every distinct driver object it got; the fixture's own teardown removes
     the backend.
 ``crash_worker_command`` (optional)
-    Answers a callable ``(app) -> argv`` starting a worker subprocess (``jobs worker APP
+    Answers a callable ``(app) -> argv`` starting a worker subprocess (``jobsctl worker APP
     --driver URL``) against the same backend; the crash-proof tests then SIGKILL real processes.
     Without it the kills are simulated in-process (the memory driver's case).
 ``outbox_transaction`` (optional, needed when the driver declares ``outbox``)

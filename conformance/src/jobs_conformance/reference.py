@@ -7,7 +7,7 @@ batches with a cursor; each is crash-proof, so every kill must recover exactly a
 :mod:`jobs_core._crash` says. ``conformance.ref.leaky`` is not: it has an effect outside a step,
 which the harness must flag ``X_JOB_CRASH_DIVERGED``.
 
-A worker subprocess started as ``jobs worker jobs_conformance.reference ...`` with
+A worker subprocess started as ``jobsctl worker jobs_conformance.reference ...`` with
 ``JOBS_CONFORMANCE_TRACE`` set appends a marker line (``@<point> <step>``) to that file at every
 step boundary of a reference job, and with ``JOBS_CONFORMANCE_KILL_AT=k`` SIGKILLs itself right
 after writing the marker of the scenario's boundary number ``k`` (counted over the whole file, so

@@ -1,4 +1,4 @@
-"""The ``jobs`` command: the demo, a worker's start/drain/exit, its errors, and plugins."""
+"""The ``jobsctl`` command: the demo, a worker's start/drain/exit, its errors, and plugins."""
 
 from __future__ import annotations
 
@@ -40,6 +40,37 @@ def _jobs(
         timeout=timeout,
         check=False,
     )
+
+
+def test_the_console_script_is_jobsctl_and_no_script_named_jobs_is_installed() -> None:
+    """Every POSIX shell has a ``jobs`` builtin that would swallow ``jobs worker ...``."""
+    scripts = Path(sys.executable).parent
+    jobsctl = scripts / "jobsctl"
+    assert jobsctl.exists(), f"no jobsctl console script beside {sys.executable}"
+    assert not (scripts / "jobs").exists()
+
+    top = subprocess.run(
+        [str(jobsctl), "--help"], env=_env(), capture_output=True, text=True, timeout=30
+    )
+    worker = subprocess.run(
+        [str(jobsctl), "worker", "--help"], env=_env(), capture_output=True, text=True, timeout=30
+    )
+    module = subprocess.run(
+        [sys.executable, "-m", "jobs_core", "--help"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+    assert top.returncode == 0, top.stderr
+    assert "Usage: jobsctl" in top.stdout
+    assert "worker" in top.stdout
+    assert worker.returncode == 0, worker.stderr
+    assert "Usage: jobsctl worker" in worker.stdout
+    assert "--driver" in worker.stdout
+    assert module.returncode == 0, module.stderr
+    assert "Usage: jobsctl" in module.stdout
 
 
 def test_demo_runs_the_whole_story_and_exits_0_quickly() -> None:

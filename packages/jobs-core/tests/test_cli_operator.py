@@ -318,7 +318,7 @@ def test_resolve_step_records_an_unknown_once_step(mem: MemoryDriver) -> None:
     job_id = run(mem, started())
     done = invoke(mem, "resolve-step", str(job_id), "charge", "--ran", "--output", '{"id": 7}')
     assert done.exit_code == 0, done.output
-    assert "jobs retry" in done.stdout
+    assert "jobsctl retry" in done.stdout
     shown = as_json(invoke(mem, "show", str(job_id), "--json"))
     assert shown["declared"] is False and shown["job"]["input"] == "[redacted]"
     [step] = shown["job"]["steps"]

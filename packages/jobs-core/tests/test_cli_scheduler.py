@@ -1,4 +1,4 @@
-"""``jobs scheduler`` and ``jobs dev`` with cron tasks, run as real subprocesses."""
+"""``jobsctl scheduler`` and ``jobsctl dev`` with cron tasks, run as real subprocesses."""
 
 from __future__ import annotations
 

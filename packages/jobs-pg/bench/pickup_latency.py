@@ -4,7 +4,7 @@ Usage (from the repository root, PostgreSQL at ``JOBS_PG_URL``)::
 
     python packages/jobs-pg/bench/pickup_latency.py [--runs 50] [--gap-ms 300]
 
-A ``jobs worker`` subprocess (default options: 8 slots, 250 ms poll backing off to 2 s) serves
+A ``jobsctl worker`` subprocess (default options: 8 slots, 250 ms poll backing off to 2 s) serves
 a fresh schema; this process enqueues one probe every ``--gap-ms`` and the body records how long
 after the enqueue began it started. The wake-up path (NOTIFY inside the enqueue statement, the
 worker's LISTEN connection) is what is measured: the worker is idle between probes. A gap under

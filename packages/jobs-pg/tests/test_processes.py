@@ -1,6 +1,6 @@
 """What must hold with real worker processes, real kills and real network faults.
 
-Workers are ``jobs worker`` subprocesses running :mod:`apps.pg_workload`; every execution is
+Workers are ``jobsctl worker`` subprocesses running :mod:`apps.pg_workload`; every execution is
 recorded in a per-process log, and outcomes are read from the database, never from logs alone.
 """
 

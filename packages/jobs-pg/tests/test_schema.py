@@ -1,5 +1,5 @@
 """The shipped SQL: migrations apply once under concurrency, the schema is the declared one,
-every statement block is used and plans against it, and the ``jobs pg`` commands work."""
+every statement block is used and plans against it, and the ``jobsctl pg`` commands work."""
 
 from __future__ import annotations
 
@@ -242,7 +242,7 @@ def test_jobs_pg_migrate_and_sql(pg_url: str, schema: str) -> None:
 
 
 def test_jobs_pg_migrate_takes_the_schema_from_the_url(url: str, schema: str) -> None:
-    """``?schema=`` in ``--driver`` names the schema, as it does for ``jobs worker`` (the
+    """``?schema=`` in ``--driver`` names the schema, as it does for ``jobsctl worker`` (the
     command once migrated ``jobs`` whatever the URL said)."""
     first = _jobs("migrate", "--driver", url)
     applied = "".join(f"applied {m.name}\n" for m in migrations())
@@ -270,7 +270,7 @@ async def test_the_keda_query_answers_the_largest_demand(
 
 
 def test_the_demo_runs_on_postgres(url: str) -> None:
-    """``jobs demo --driver postgresql://…`` migrates the schema itself and tells the story."""
+    """``jobsctl demo --driver postgresql://…`` migrates the schema itself and tells the story."""
     demo = subprocess.run(
         [sys.executable, "-m", "jobs_core.cli", "demo", "--driver", url],
         capture_output=True,

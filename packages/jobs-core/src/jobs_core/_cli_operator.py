@@ -376,7 +376,7 @@ def add_operator_commands(app: typer.Typer, *, driver: JobDriver | None = None) 
         driver_url: DriverOption = None,
         apps: AppOption = None,
     ) -> None:
-        """List dead-lettered jobs (retry them with: jobs retry --all-dead)."""
+        """List dead-lettered jobs (retry them with: jobsctl retry --all-dead)."""
         query: JobQuery = {"state": JobState.DEAD}
         if queue is not None:
             query["queue"] = queue
@@ -707,7 +707,7 @@ def add_operator_commands(app: typer.Typer, *, driver: JobDriver | None = None) 
             _print_json({"job_id": job_id, "step": step, "ran": ran})
         else:
             verdict = "completed" if ran else "deleted (the next attempt runs it)"
-            _console().print(f"step {step!r} of {job_id}: {verdict}; now: jobs retry {job_id}")
+            _console().print(f"step {step!r} of {job_id}: {verdict}; now: jobsctl retry {job_id}")
 
     tasks_app = typer.Typer(
         name="tasks",

@@ -1,11 +1,11 @@
-"""The ``jobs`` command: run the demo, a worker, or a development worker.
+"""The ``jobsctl`` command: run the demo, a worker, or a development worker.
 
 Built on typer. :func:`create_app` builds the command tree: the built-in commands, then one group
 per ``jobs.cli`` entry point, whose value is a callable ``(app: typer.Typer) -> None`` that adds
-its commands (``jobs pg migrate`` comes from jobs-pg this way). Entry points are loaded when the
+its commands (``jobsctl pg migrate`` comes from jobs-pg this way). Entry points are loaded when the
 CLI starts, not when this module is imported, each on its own: one that fails to load or register
 becomes a command of its name that explains the failure and exits 2, so a broken plugin never
-takes ``jobs worker`` down with it.
+takes ``jobsctl worker`` down with it.
 
 Logs go to stderr through :class:`RichLogHandler`, one readable line per record, showing the
 structured fields the library attaches (``extra={"event": "jobs.…", ...}``). Errors the user can
@@ -217,7 +217,7 @@ def _queue_list(queues: str | None) -> list[str]:
 
 
 class _Role(Protocol):
-    """A long-running role that ``jobs dev`` runs beside its worker (scheduler, relay)."""
+    """A long-running role that ``jobsctl dev`` runs beside its worker (scheduler, relay)."""
 
     async def run(self) -> None: ...
 
@@ -225,7 +225,7 @@ class _Role(Protocol):
 
 
 def _dev_roles(driver: JobDriver) -> list[_Role]:
-    """Answer the roles ``jobs dev`` runs beside the worker, built after APP was imported.
+    """Answer the roles ``jobsctl dev`` runs beside the worker, built after APP was imported.
 
     The scheduler runs when APP declares tasks (the driver must carry ``scheduler_state``); a
     relay runs when APP installed an outbox (:func:`~jobs_core.outbox.install_outbox`), which is
@@ -261,7 +261,7 @@ async def _serve(
     With ``metrics_port`` the worker records into its own :class:`JobsMetrics`, served over HTTP
     on ``metrics_host:metrics_port`` until the worker returns.
 
-    ``roles`` builds companions (``jobs dev``: the scheduler) that run beside the worker; a
+    ``roles`` builds companions (``jobsctl dev``: the scheduler) that run beside the worker; a
     signal stops them while the worker drains, and they are stopped when it returns.
 
     Raises:
@@ -474,7 +474,7 @@ def worker(
         typer.Option(
             "--build",
             envvar="JOBS_BUILD",
-            help="The app's build or version, shown by jobs workers.",
+            help="The app's build or version, shown by jobsctl workers.",
         ),
     ] = "",
 ) -> None:
@@ -802,7 +802,7 @@ def load_plugins(app: typer.Typer) -> None:
 
 
 def create_app(*, plugins: bool = True, driver: JobDriver | None = None) -> typer.Typer:
-    """Build the ``jobs`` command tree.
+    """Build the ``jobsctl`` command tree.
 
     Args:
         plugins: also load the ``jobs.cli`` entry points (see :func:`load_plugins`).
@@ -814,7 +814,7 @@ def create_app(*, plugins: bool = True, driver: JobDriver | None = None) -> type
         A fresh typer app; each call builds a new one.
     """
     app = typer.Typer(
-        name="jobs",
+        name="jobsctl",
         help="Durable background jobs: run workers, operate queues and jobs, and the guided demo.",
         no_args_is_help=True,
         add_completion=False,
@@ -836,8 +836,8 @@ def create_app(*, plugins: bool = True, driver: JobDriver | None = None) -> type
 
 
 def main() -> None:
-    """Run the ``jobs`` command (the console-script entry point)."""
-    create_app()(prog_name="jobs")
+    """Run the ``jobsctl`` command (the console-script entry point)."""
+    create_app()(prog_name="jobsctl")
 
 
 if __name__ == "__main__":

@@ -622,7 +622,7 @@ class CounterStore(Protocol):
 class Migratable(Protocol):
     """A driver whose backend needs its schema applied before first use (pg).
 
-    Production applies it as a deploy step (``jobs pg migrate``); tools that set up a backend
+    Production applies it as a deploy step (``jobsctl pg migrate``); tools that set up a backend
     themselves (the demo) call :meth:`migrate` when the driver has it.
     """
 

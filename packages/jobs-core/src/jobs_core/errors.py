@@ -151,7 +151,7 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "X_STEP_OUTCOME_UNKNOWN",
         "StepOutcomeUnknownError",
         "A once=True step started and its completion was never recorded; running it again could repeat its effect.",
-        "Check the effect, then: jobs resolve-step ID STEP --ran --output JSON (or --not-ran), then jobs retry ID.",
+        "Check the effect, then: jobsctl resolve-step ID STEP --ran --output JSON (or --not-ran), then jobsctl retry ID.",
         "terminal",
     ),
     ErrorCode(
@@ -164,7 +164,7 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "X_STEP_NOT_RESOLVABLE",
         "StepNotResolvableError",
         "resolve_step was asked about a step that is not a once=True step left started without completion.",
-        "Resolve only steps that failed with X_STEP_OUTCOME_UNKNOWN (jobs show ID lists them).",
+        "Resolve only steps that failed with X_STEP_OUTCOME_UNKNOWN (jobsctl show ID lists them).",
         "terminal",
     ),
     ErrorCode(
@@ -189,7 +189,7 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "X_JOB_CANCELLED",
         "JobCancelledError",
         "An operator cancelled the job while it was live.",
-        "Nothing: requeue it (jobs retry ID) if the cancel was a mistake.",
+        "Nothing: requeue it (jobsctl retry ID) if the cancel was a mistake.",
         "terminal",
     ),
     ErrorCode(
@@ -209,7 +209,7 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "X_JOB_COMPENSATION_FAILED",
         "CompensationFailedError",
         "A compensator kept failing after the unwind used its attempts; the run is dead.",
-        "Fix the compensator, then jobs retry ID: finished compensators are not run again.",
+        "Fix the compensator, then jobsctl retry ID: finished compensators are not run again.",
         "terminal",
     ),
     ErrorCode(
@@ -230,7 +230,7 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "X_JOB_UNKNOWN",
         "JobUnknownError",
         "A worker claimed a row whose job name no imported module declares.",
-        "Import the module that declares the job in the worker (jobs worker APP ...), or remove the row.",
+        "Import the module that declares the job in the worker (jobsctl worker APP ...), or remove the row.",
     ),
     ErrorCode(
         "X_JOB_ON_SETTLED_FAILED",
@@ -243,7 +243,7 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "X_JOB_NOT_FOUND",
         "JobNotFoundError",
         "No job has that id.",
-        "Check the id (jobs ls lists them).",
+        "Check the id (jobsctl ls lists them).",
         "terminal",
     ),
     ErrorCode(

@@ -5,7 +5,7 @@ workers, counters and queue stats.
 
 Every function takes a driver and reaches the store it needs through
 :func:`~jobs_core.driver.require_capability`, so a driver without it answers
-``X_NOT_IMPLEMENTED`` the same way everywhere. The ``jobs`` CLI is a thin layer over these
+``X_NOT_IMPLEMENTED`` the same way everywhere. The ``jobsctl`` CLI is a thin layer over these
 functions, and so is any admin page an application builds. Each change an operator makes is
 logged (``jobs.operator.*``, with ids and never the payload).
 

@@ -554,7 +554,7 @@ class JobHandle(Generic[I, R]):
         return await submit_many(reqs, outbox)
 
     def describe(self) -> dict[str, Any]:
-        """Answer a JSON-able descriptor of the declaration (for ``jobs manifest``)."""
+        """Answer a JSON-able descriptor of the declaration (for ``jobsctl manifest``)."""
         concurrency: Any
         if isinstance(self.concurrency, Concurrency):
             concurrency = {

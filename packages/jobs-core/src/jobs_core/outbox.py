@@ -104,7 +104,8 @@ def install_outbox(store: OutboxStore, driver: JobDriver, mode: OutboxMode = "op
     From now on an enqueue inside a transaction (the store's ambient one, or ``outbox=tx``) stages
     on it; outside one it is queued directly on the current driver under ``"optional"``, and
     refused under ``"required"``. ``outbox=False`` on an enqueue always queues directly. Run a
-    :class:`Relay` (``outbox.relay()`` or ``jobs relay``) to publish committed rows to ``driver``.
+    :class:`Relay` (``outbox.relay()`` or ``jobsctl relay``) to publish committed rows to
+    ``driver``.
 
     Args:
         store: the outbox store (``jobs_pg``'s, or a :class:`MemoryOutboxStore` in tests).

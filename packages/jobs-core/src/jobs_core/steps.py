@@ -239,7 +239,7 @@ class StepRunner:
         if record is not None and record.status == "started":
             raise StepOutcomeUnknownError(
                 f"once step {name!r} started and its completion was never recorded; resolve it "
-                "with jobs resolve-step",
+                "with jobsctl resolve-step",
                 step=name,
             )
         started = self._clock.now()

@@ -268,7 +268,7 @@ class TaskHandle:
         return run_sync(self.enqueue(occurrence))
 
     def describe(self) -> dict[str, Any]:
-        """Answer a JSON-able descriptor (for ``jobs manifest``).
+        """Answer a JSON-able descriptor (for ``jobsctl manifest``).
 
         ``jobs`` lists the job names the entries of one occurrence name (the first after
         2000-01-01 UTC, so the answer does not depend on the clock), sorted, without repeats.

@@ -2,7 +2,7 @@
 
 Open it with ``await PostgresDriver.connect("postgresql://…")`` or, through the ``jobs.drivers``
 entry point, ``open_driver("postgresql://…")``; apply the schema with ``await driver.migrate()``
-or ``jobs pg migrate --driver URL``. :func:`transaction` makes the app's psycopg connection the
+or ``jobsctl pg migrate --driver URL``. :func:`transaction` makes the app's psycopg connection the
 ambient transaction that outbox enqueues and event publishes join.
 """
 

@@ -85,6 +85,6 @@ async def apply_migrations(conn: psycopg.AsyncConnection[Any], schema: str) -> l
 
 
 def ddl(schema: str) -> str:
-    """Answer every migration rendered for ``schema``, for review (``jobs pg sql``)."""
+    """Answer every migration rendered for ``schema``, for review (``jobsctl pg sql``)."""
     parts = [f"-- {m.name}\n{m.render(schema).decode('utf-8').strip()}\n" for m in migrations()]
     return "\n".join(parts)

@@ -1,4 +1,4 @@
-"""The ``jobs pg`` command group: ``migrate``, ``sql`` and ``demand-sql``.
+"""The ``jobsctl pg`` command group: ``migrate``, ``sql`` and ``demand-sql``.
 
 Registered through the ``jobs.cli`` entry point: :func:`register` adds a ``pg`` sub-app to the
 ``jobs`` typer app.

@@ -195,7 +195,7 @@ class PostgresDriver:
 
     Build it with :meth:`connect` (async, opens the pool) or :func:`open_postgres_driver` (sync,
     the ``jobs.drivers`` entry point: the pool opens on first use). Everything lives under one
-    schema; run :meth:`migrate` (or ``jobs pg migrate``) before first use.
+    schema; run :meth:`migrate` (or ``jobsctl pg migrate``) before first use.
 
     Attributes:
         name: ``"postgresql"``.
@@ -574,7 +574,7 @@ class PostgresDriver:
         """Answer, per queue that ever had a row, rows running under a live lease plus rows due.
 
         Due: waiting rows whose ``run_at`` passed and running rows whose lease lapsed; a paused
-        queue counts only its live-lease rows. ``jobs pg demand-sql`` prints the same count as
+        queue counts only its live-lease rows. ``jobsctl pg demand-sql`` prints the same count as
         one number for a KEDA ``postgresql`` trigger.
 
         Raises:

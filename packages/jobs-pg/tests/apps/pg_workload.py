@@ -1,4 +1,4 @@
-"""Jobs the process tests run in ``jobs worker`` subprocesses; every execution is recorded.
+"""Jobs the process tests run in ``jobsctl worker`` subprocesses; every execution is recorded.
 
 Each process appends lines to ``$PG_WORKLOAD_LOG/<pid>.log`` (``O_APPEND`` writes of one line
 are atomic), so a test reads back who ran what, when, on which attempt.

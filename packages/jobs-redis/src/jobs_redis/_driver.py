@@ -683,8 +683,8 @@ class RedisOperator:
     Carried: :meth:`get`, :meth:`cancel`, :meth:`resolve_step`, :meth:`pause_queue`,
     :meth:`resume_queue`, :meth:`paused_queues`, each with the memory driver's semantics. Not
     carried: ``list``, ``requeue``, ``remove``, ``promote`` and the bulk calls. Core reaches
-    operator calls only through the ``introspect`` capability, so ``jobs ls``/``jobs retry`` and
-    friends answer ``X_NOT_IMPLEMENTED`` on this driver; call these members directly.
+    operator calls only through the ``introspect`` capability, so ``jobsctl ls``/``jobsctl retry``
+    and friends answer ``X_NOT_IMPLEMENTED`` on this driver; call these members directly.
 
     Args:
         shared: the driver's connection and keys.
@@ -1266,7 +1266,7 @@ class RedisDriver:
         return {queue: int(n) for queue, n in sorted(_pairs(flat).items())}
 
     def describe(self) -> dict[str, Any]:
-        """Answer what this driver is and carries, for ``jobs manifest`` and operators.
+        """Answer what this driver is and carries, for ``jobsctl manifest`` and operators.
 
         Returns:
             ``name``, ``capabilities`` and ``not_applicable`` (sorted, as every driver), plus

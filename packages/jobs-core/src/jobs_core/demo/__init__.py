@@ -1,4 +1,4 @@
-"""The guided demo that ships with jobs-core: ``jobs demo``.
+"""The guided demo that ships with jobs-core: ``jobsctl demo``.
 
 :mod:`jobs_core.demo.shop` is a small example shop app (its jobs, and stand-ins for the payment
 provider, warehouse, vendor payouts and mail it talks to); :mod:`jobs_core.demo.run` enqueues a

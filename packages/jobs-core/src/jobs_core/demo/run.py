@@ -352,7 +352,7 @@ async def run_demo(driver: JobDriver, console: Console) -> bool:
     introspect: Introspector = require_capability(driver, "introspect")
     SYSTEMS.reset()
     SYSTEMS.warehouse_busy[BUSY_ORDER] = 2
-    console.rule(f"[bold]jobs demo[/]: a shop on the {driver.name} driver")
+    console.rule(f"[bold]jobsctl demo[/]: a shop on the {driver.name} driver")
     console.print(
         "Three checkouts, a welcome series and a delivery confirmation are enqueued, two more "
         "checkouts go through the transactional outbox (one transaction rolls back, one "

@@ -1,4 +1,4 @@
-"""An example shop app: the jobs ``jobs demo`` runs, written as an app would write them.
+"""An example shop app: the jobs ``jobsctl demo`` runs, written as an app would write them.
 
 * :func:`checkout` charges the card (undone by a refund if the run fails for good), ships the
   parcel, then pays the vendor at most once. Its tenant is the order's org and its idempotency

@@ -3,7 +3,7 @@
 It is a real driver, not a mock: it fences settles and step writes on the claim identity, lets
 leases lapse, buries rows whose lease lapsed on their final attempt, honours pauses, dedupes live
 keys and pages listings with cursors, as a database-backed driver does, and it must pass the
-whole conformance suite. ``jobs dev``, the demo and unit tests run on it.
+whole conformance suite. ``jobsctl dev``, the demo and unit tests run on it.
 
 Design notes (the alternatives that were rejected):
 
