@@ -76,13 +76,14 @@ def blocked_reason(address: str) -> str | None:
         ip = ipaddress.ip_address(address)
     except ValueError:
         return "invalid"
-    reason = _kind(ip)
-    if reason is not None or not isinstance(ip, ipaddress.IPv6Address):
-        return reason
-    carried: ipaddress.IPv4Address | None = ip.ipv4_mapped or ip.sixtofour
-    if carried is None and ip in _NAT64:
-        carried = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    return None if carried is None else _kind(carried)
+    if isinstance(ip, ipaddress.IPv6Address):
+        # A form that carries an IPv4 address reaches that address: its verdict is the IPv4's.
+        carried: ipaddress.IPv4Address | None = ip.ipv4_mapped or ip.sixtofour
+        if carried is None and ip in _NAT64:
+            carried = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if carried is not None:
+            return _kind(carried)
+    return _kind(ip)
 
 
 @dataclass(frozen=True, slots=True)
