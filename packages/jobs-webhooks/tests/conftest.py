@@ -15,11 +15,12 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
-from jobs_core import JobRegistry
+from jobs_core import JobFilter, JobRegistry
 from jobs_core.drivers.memory import MemoryDriver
 from jobs_core.testing import use_driver
 
@@ -28,6 +29,11 @@ from jobs_core.testing import use_driver
 sys.path.insert(0, str(Path(__file__).parent))
 
 PG_URL = os.environ.get("JOBS_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+async def jobs_of(driver: Any) -> list[Any]:
+    """Every job row the driver holds, newest first."""
+    return list((await driver.introspect.list(JobFilter())).rows)
 
 
 def new_secret() -> str:
