@@ -196,6 +196,7 @@ BENCH_PINS = {
     "redis": "redis==8.1.0",
     "hiredis": "hiredis==3.5.0",
     "pyinstrument": "pyinstrument==5.1.3",
+    "uvicorn": "uvicorn==0.54.0",
 }
 BENCH_ARQ = "arq==0.28.0"
 BENCH_PEERS = [
@@ -212,13 +213,14 @@ BENCH_PEERS = [
 def bench(session: nox.Session) -> None:
     """Run the benchmarks in bench/ (``nox -s bench -- --quick``; ``--peers`` adds the peers).
 
-    Installs jobs-core and, when their packages exist, jobs-pg and jobs-redis (editable), the
-    floors' clients and the profiler; the pinned peers only when ``--peers`` is passed.
+    Installs jobs-core and, when their packages exist, jobs-pg, jobs-redis and jobs-webhooks
+    (editable), the floors' clients, uvicorn and the profiler; the pinned peers only when
+    ``--peers`` is passed. ``--webhooks`` runs the webhook figures instead (bench/webhooks.py).
     """
     from pathlib import Path
 
     packages = ["-e", CORE]
-    for sibling in ("packages/jobs-pg", "packages/jobs-redis"):
+    for sibling in ("packages/jobs-pg", "packages/jobs-redis", WEBHOOKS):
         if (Path(sibling) / "pyproject.toml").exists():
             packages += ["-e", sibling]
     session.install(*packages, *BENCH_PINS.values())
