@@ -1,4 +1,4 @@
-"""jobs-webhooks benchmarks (issue 18): ``python -m bench.webhooks`` (``nox -s bench -- --webhooks``).
+"""jobs-webhooks benchmarks (issue 18): ``nox -s bench -- --webhooks``.
 
 Two figures, each on the pg driver in a ``bench_webhooks`` database made fresh per run:
 
