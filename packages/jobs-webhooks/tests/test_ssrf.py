@@ -186,6 +186,9 @@ def test_an_endpoint_with_a_bad_url_or_secret_is_refused_at_once() -> None:
         assert secret not in str(caught.value)
     with pytest.raises(WebhookEndpointInvalidError):
         Endpoint(id="ep", url="https://example.com/", secrets=[])
+    for headers in ({"x-a": "b\r\nx-injected: 1"}, {"x-a": "€"}, {"x-a": 1}):
+        with pytest.raises(WebhookEndpointInvalidError):
+            Endpoint(id="ep", url="https://example.com/", secrets=[new_secret()], headers=headers)
     assert "secrets" not in repr(
         Endpoint(id="ep", url="https://example.com/", secrets=new_secret())
     )

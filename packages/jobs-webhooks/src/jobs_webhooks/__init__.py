@@ -26,6 +26,7 @@ from jobs_core.errors import (
     WebhookReceiverUnavailableError,
     WebhookSignatureInvalidError,
 )
+from jobs_webhooks._endpoint import Endpoint, WebhookEvent
 from jobs_webhooks._inbound import (
     MAX_BYTES,
     Answer,
@@ -44,14 +45,7 @@ from jobs_webhooks._ledger import (
     WebhookLedger,
     memory_webhook_ledger,
 )
-from jobs_webhooks._outbound import (
-    DEFAULT_RETRY,
-    MAX_RESPONSE_BYTES,
-    Endpoint,
-    WebhookEvent,
-    WebhookJob,
-    webhook,
-)
+from jobs_webhooks._outbound import DEFAULT_RETRY, MAX_RESPONSE_BYTES, WebhookJob, webhook
 from jobs_webhooks._signing import sign_standard_webhook, verify_hmac, verify_standard_webhook
 from jobs_webhooks._ssrf import AddressGuard, blocked_reason, system_resolve
 

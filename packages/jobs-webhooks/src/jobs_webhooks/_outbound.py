@@ -24,16 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import email.utils
 import hashlib
 import inspect
-import json
 import logging
 import math
 import random
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
 import httpx
@@ -56,8 +54,10 @@ from jobs_core.errors import (
 from jobs_core.job import JobHandle, JobRegistry
 from jobs_core.types import EnqueueResult, JSONValue
 from jobs_webhooks._declare import claim_name
+from jobs_webhooks._delays import retry_after_seconds, throttle_delay_ms
+from jobs_webhooks._endpoint import Endpoint, WebhookEvent, body_bytes, shown_url, target
 from jobs_webhooks._ledger import DeliveryAttempt, Outcome, WebhookLedger, excerpt
-from jobs_webhooks._signing import secret_key, sign_standard_webhook
+from jobs_webhooks._signing import sign_standard_webhook
 from jobs_webhooks._ssrf import AddressGuard
 from jobs_webhooks._transport import Clients, pinned
 
@@ -71,173 +71,12 @@ DEFAULT_RETRY = Retry(attempts=10, backoff="exponential", delay="30s", max_delay
 MAX_RESPONSE_BYTES = 65_536
 """The most of a response body an attempt reads (the rest is never read)."""
 
-THROTTLE_SPREAD = 0.25
-"""How much later than its ``Retry-After`` a throttled attempt may come, as a fraction of it."""
-
 _OURS = frozenset(
     {"content-type", "user-agent", "webhook-id", "webhook-timestamp", "webhook-signature"}
 )
 # Framing and routing headers an endpoint may not set: they would change where or how the
 # signed body goes, not what it says.
 _DROPPED = frozenset({"host", "content-length", "transfer-encoding", "connection", "te", "upgrade"})
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """Where one subscriber receives webhooks.
-
-    Args:
-        id: the endpoint's id (the ledger's key: failures, disabling).
-        url: ``http://`` or ``https://``; its host must resolve to public addresses unless
-            ``allow_private``.
-        secrets: one ``whsec_<base64>`` secret, or several while rotating: each gets its own
-            ``v1,`` signature, so a receiver holding either verifies.
-        headers: extra request headers; ours (``webhook-*``, ``content-type``, ``user-agent``)
-            win, and framing headers (``host``, ``content-length``, ...) are dropped.
-        allow_private: let the host resolve to loopback, private or link-local addresses (a
-            trusted internal receiver, tests).
-
-    Raises:
-        WebhookEndpointInvalidError: ``X_WEBHOOK_ENDPOINT_INVALID`` for an empty id, a URL that
-            is not http(s) with a host, no secret or a malformed one, or non-text headers.
-    """
-
-    id: str
-    url: str
-    secrets: Sequence[str] = field(repr=False)
-    headers: Mapping[str, str] = field(default_factory=dict)
-    allow_private: bool = False
-
-    def __post_init__(self) -> None:
-        secrets = (self.secrets,) if isinstance(self.secrets, str) else tuple(self.secrets)
-        object.__setattr__(self, "secrets", secrets)
-        object.__setattr__(self, "headers", dict(self.headers))
-        if not isinstance(self.id, str) or not self.id or "\x00" in self.id:
-            raise WebhookEndpointInvalidError(
-                "Endpoint.id must be non-empty text without NUL", field="id"
-            )
-        target(self.url)
-        if not secrets:
-            raise WebhookEndpointInvalidError(
-                "an endpoint needs at least one secret", field="secrets"
-            )
-        for secret in secrets:
-            secret_key(secret)
-        for key, value in self.headers.items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise WebhookEndpointInvalidError(
-                    "Endpoint.headers must map text to text", field="headers"
-                )
-
-
-@dataclass(frozen=True, slots=True)
-class WebhookEvent:
-    """What one delivery sends.
-
-    Args:
-        id: the message id (``webhook-id``): the same on every attempt, so receivers dedupe on
-            it. Use the event's own id.
-        topic: the event type, e.g. ``"orders.paid"`` (``webhook-topic``, and ``type`` in the body).
-        payload: the JSON data (the body's ``data``).
-        occurred_at: when the event happened (aware); the body's ``timestamp`` when given.
-    """
-
-    id: str
-    topic: str
-    payload: JSONValue
-    occurred_at: datetime | None = None
-
-
-def target(url: str) -> httpx.URL:
-    """Parse an endpoint URL; answer it if it is ``http(s)`` with a host.
-
-    Raises:
-        WebhookEndpointInvalidError: ``X_WEBHOOK_ENDPOINT_INVALID`` otherwise.
-    """
-    try:
-        parsed = httpx.URL(url) if isinstance(url, str) else None
-    except httpx.InvalidURL:
-        parsed = None
-    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
-        raise WebhookEndpointInvalidError(
-            "Endpoint.url must be an http:// or https:// URL with a host", field="url"
-        )
-    return parsed
-
-
-def shown_url(url: httpx.URL) -> str:
-    """Answer ``url`` as a ledger row keeps it: no user info, no query, no fragment."""
-    return str(url.copy_with(username=None, password=None, query=None, fragment=None))
-
-
-def retry_after_seconds(value: str | None, date: str | None, received: datetime) -> float | None:
-    """Answer the wait a ``Retry-After`` header asks for, in seconds, or ``None``.
-
-    Args:
-        value: the header: delta-seconds (``"120"``) or an HTTP-date.
-        date: the response's own ``Date`` header: an HTTP-date is read against it (the sender's
-            clock), falling back to ``received`` when it is missing or unreadable.
-        received: when the response arrived (aware).
-
-    Returns:
-        Seconds to wait (``>= 0``; a date in the past is 0), or ``None`` for a missing or
-        unreadable header.
-    """
-    if value is None:
-        return None
-    text = value.strip()
-    if text.isascii() and text.isdigit():
-        return float(int(text[:12]))
-    when = _http_date(text)
-    if when is None:
-        return None
-    base = _http_date(date) if date else None
-    return max(0.0, (when - (base or received)).total_seconds())
-
-
-def _http_date(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    # HTTP-dates are GMT; one written without a zone parses as naive.
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
-
-
-def throttle_delay_ms(asked_ms: int, max_ms: int, *, jitter: bool, rng: random.Random) -> int:
-    """Answer the delay before a throttled attempt's retry (ms).
-
-    Never sooner than asked while that is under ``max_ms``: up to :data:`THROTTLE_SPREAD` more,
-    jittered, so throttled deliveries do not come back in one wave. An ask at or past
-    ``max_ms`` is clamped to it, jittered into its last quarter.
-    """
-    if asked_ms >= max_ms:
-        low = max_ms - math.floor(max_ms * THROTTLE_SPREAD) if jitter else max_ms
-        return rng.randint(low, max_ms)
-    high = min(max_ms, asked_ms + math.floor(asked_ms * THROTTLE_SPREAD)) if jitter else asked_ms
-    return rng.randint(asked_ms, high)
-
-
-def body_bytes(event: WebhookEvent) -> bytes:
-    """Answer the JSON body of ``event``: ``{"type", "timestamp", "data"}`` (Standard Webhooks).
-
-    Raises:
-        WebhookEventMissingError: ``X_WEBHOOK_EVENT_MISSING`` when the payload has no JSON form.
-    """
-    document: dict[str, Any] = {"type": event.topic}
-    if event.occurred_at is not None:
-        document["timestamp"] = event.occurred_at.astimezone(UTC).isoformat().replace("+00:00", "Z")
-    document["data"] = event.payload
-    try:
-        return json.dumps(
-            document, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        ).encode()
-    except (TypeError, ValueError):
-        raise WebhookEventMissingError(
-            "the event's payload has no JSON form", topic=event.topic
-        ) from None
 
 
 @dataclass(slots=True)
