@@ -164,3 +164,29 @@ async def test_a_delivery_on_the_pg_driver_records_in_the_pg_ledger(
     assert (throttled.outcome, throttled.status, throttled.attempt) == ("throttled", 503, 1)
     assert (delivered.outcome, delivered.attempt, delivered.job_id) == ("delivered", 2, sent.id)
     assert delivered.started_at.tzinfo is not None
+
+
+async def test_the_migrated_attempts_table_holds_exactly_a_delivery_attempt(
+    pg_url: str, schema: str, pg_ledger: Any
+) -> None:
+    import dataclasses
+
+    with psycopg.connect(pg_url) as conn:
+        columns = {
+            row[0]
+            for row in conn.execute(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_schema = %s AND table_name = 'webhook_attempts'",
+                (schema,),
+            )
+        }
+        endpoints = {
+            row[0]
+            for row in conn.execute(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_schema = %s AND table_name = 'webhook_endpoints'",
+                (schema,),
+            )
+        }
+    assert columns == {f.name for f in dataclasses.fields(DeliveryAttempt)} | {"id"}
+    assert endpoints == {"endpoint_id", "consecutive_failures", "disabled_at", "updated_at"}
