@@ -37,7 +37,12 @@ class Served:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self._config_options() else "http"
+        return f"{scheme}://{host}:{self.port}"
+
+    def _config_options(self) -> dict[str, object]:
+        """More ``uvicorn.Config`` options (a subclass serving TLS adds its certificate)."""
+        return {}
 
     def _protocol(self) -> type[H11Protocol]:
         served = self
@@ -65,6 +70,7 @@ class Served:
             # The tests set Date themselves (a Retry-After date is read against it).
             date_header=False,
             server_header=False,
+            **self._config_options(),  # type: ignore[arg-type]
         )
         self._server = uvicorn.Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))

@@ -29,6 +29,7 @@ import inspect
 import logging
 import math
 import random
+import ssl
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -110,6 +111,7 @@ class Delivery:
         guard: AddressGuard,
         clock: Clock,
         user_agent: str,
+        ssl_context: ssl.SSLContext | None,
     ) -> None:
         self.name = name
         self.endpoint = endpoint
@@ -123,7 +125,7 @@ class Delivery:
         self.guard = guard
         self.clock = clock
         self.user_agent = user_agent
-        self.clients = Clients()
+        self.clients = Clients(ssl_context)
         self.rng = random.Random()
 
     async def body(self, input: Any, step: Any, ctx: JobContext) -> None:
@@ -472,6 +474,7 @@ def webhook(
     guard: AddressGuard | None = None,
     clock: Clock = SYSTEM_CLOCK,
     user_agent: str = "jobs-webhooks/0.1",
+    ssl_context: ssl.SSLContext | None = None,
     registry: JobRegistry | None = None,
 ) -> WebhookJob[Any]:
     """Declare a job that delivers one event to one endpoint in the Standard Webhooks format.
@@ -504,6 +507,8 @@ def webhook(
             resolver).
         clock: the clock that stamps signatures and ledger rows.
         user_agent: the ``User-Agent`` sent.
+        ssl_context: what verifies endpoints' certificates (default: httpx's, the certifi CAs),
+            e.g. one that also trusts a corporate CA.
         registry: the job registry to join (default the process-wide one).
 
     Returns:
@@ -540,6 +545,8 @@ def webhook(
     )
     if not all(isinstance(s, int) and 400 <= s <= 599 for s in statuses):
         problems.append("reject_statuses: must be 4xx/5xx status codes")
+    if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
+        problems.append("ssl_context: must be an ssl.SSLContext")
     if guard is not None and not isinstance(guard, AddressGuard):
         problems.append("guard: must be an AddressGuard")
     if not isinstance(retry, Retry):
@@ -564,6 +571,7 @@ def webhook(
         guard=guard or AddressGuard(),
         clock=clock,
         user_agent=user_agent,
+        ssl_context=ssl_context,
     )
     handle: JobHandle[Any, None] = job(
         input=input,

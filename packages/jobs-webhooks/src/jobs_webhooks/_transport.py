@@ -16,6 +16,7 @@ session verified for another host at the same address.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
@@ -131,13 +132,21 @@ class PinnedTransport(httpx.AsyncBaseTransport):
     """An httpx transport over an httpcore pool whose connections dial pinned addresses only.
 
     Args:
+        ssl_context: what verifies servers' certificates (default: httpx's, the certifi CAs);
+            the certificate is checked against the URL's host name, never the dialled address.
         max_keepalive: idle connections kept per client (across hosts).
         keepalive_expiry: seconds an idle connection is kept.
     """
 
-    def __init__(self, *, max_keepalive: int = 64, keepalive_expiry: float = 5.0) -> None:
+    def __init__(
+        self,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        max_keepalive: int = 64,
+        keepalive_expiry: float = 5.0,
+    ) -> None:
         self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
+            ssl_context=ssl_context or httpx.create_ssl_context(),
             max_connections=None,
             max_keepalive_connections=max_keepalive,
             keepalive_expiry=keepalive_expiry,
@@ -179,9 +188,13 @@ class Clients:
 
     Connections belong to the loop that opened them, so a client is never shared across loops;
     a loop that ends takes its clients with it.
+
+    Args:
+        ssl_context: passed to every client's :class:`PinnedTransport`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
+        self._ssl_context = ssl_context
         self._by_loop: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, dict[bool, httpx.AsyncClient]
         ] = weakref.WeakKeyDictionary()
@@ -196,7 +209,9 @@ class Clients:
         client = per_loop.get(allow_private)
         if client is None:
             client = httpx.AsyncClient(
-                transport=PinnedTransport(), follow_redirects=False, trust_env=False
+                transport=PinnedTransport(ssl_context=self._ssl_context),
+                follow_redirects=False,
+                trust_env=False,
             )
             per_loop[allow_private] = client
         return client
