@@ -197,6 +197,8 @@ BENCH_PINS = {
     "hiredis": "hiredis==3.5.0",
     "pyinstrument": "pyinstrument==5.1.3",
     "uvicorn": "uvicorn==0.54.0",
+    # uvicorn's fast HTTP parser, as `uvicorn[standard]` installs it in production.
+    "httptools": "httptools==0.9.0",
 }
 BENCH_ARQ = "arq==0.28.0"
 BENCH_PEERS = [

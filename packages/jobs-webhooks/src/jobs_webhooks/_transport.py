@@ -183,8 +183,12 @@ class PinnedTransport(httpx.AsyncBaseTransport):
         await self._pool.aclose()
 
 
+SHARDS = 8
+"""Clients per event loop and policy, taken in turn (see :meth:`Clients.get`)."""
+
+
 class Clients:
-    """One pinned httpx client per event loop and per ``allow_private`` policy.
+    """Pinned httpx clients per event loop and per ``allow_private`` policy.
 
     Connections belong to the loop that opened them, so a client is never shared across loops;
     a loop that ends takes its clients with it.
@@ -195,29 +199,40 @@ class Clients:
 
     def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
         self._ssl_context = ssl_context
+        self._turn = 0
         self._by_loop: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, dict[bool, httpx.AsyncClient]
+            asyncio.AbstractEventLoop, dict[bool, list[httpx.AsyncClient]]
         ] = weakref.WeakKeyDictionary()
 
     def get(self, *, allow_private: bool) -> httpx.AsyncClient:
-        """Answer the running loop's client for that policy (made on first use).
+        """Answer one of the running loop's clients for that policy (made on first use).
 
+        Requests take the :data:`SHARDS` clients in turn: httpcore's pool scans every request
+        against every connection at each change, so one pool under 64 concurrent requests
+        spends most of a delivery's CPU there; eight pools of a few each do not.
         Redirects are never followed and the environment's proxy settings are ignored: a proxy
         would dial the host itself, past the pinned address.
         """
         per_loop = self._by_loop.setdefault(asyncio.get_running_loop(), {})
-        client = per_loop.get(allow_private)
-        if client is None:
-            client = httpx.AsyncClient(
-                transport=PinnedTransport(ssl_context=self._ssl_context),
-                follow_redirects=False,
-                trust_env=False,
-            )
-            per_loop[allow_private] = client
-        return client
+        shards = per_loop.get(allow_private)
+        if shards is None:
+            if self._ssl_context is None:
+                # Loading the CA bundle takes tens of ms: once, for every shard.
+                self._ssl_context = httpx.create_ssl_context()
+            shards = per_loop[allow_private] = [
+                httpx.AsyncClient(
+                    transport=PinnedTransport(ssl_context=self._ssl_context),
+                    follow_redirects=False,
+                    trust_env=False,
+                )
+                for _ in range(SHARDS)
+            ]
+        self._turn = (self._turn + 1) % SHARDS
+        return shards[self._turn]
 
     async def aclose(self) -> None:
         """Close the running loop's clients."""
         per_loop = self._by_loop.pop(asyncio.get_running_loop(), {})
-        for client in per_loop.values():
-            await client.aclose()
+        for shards in per_loop.values():
+            for client in shards:
+                await client.aclose()
