@@ -8,8 +8,8 @@ Two figures, each on the pg driver in a ``bench_webhooks`` database made fresh p
   worker's start -> the poll that counted the last row done).
 - **receiver requests/s**: our ``webhook_receiver`` under uvicorn with one worker process, the pg
   driver behind it; a load generator in another process sends M signed Standard Webhooks
-  requests with distinct ids, 64 at a time. Rate = M / wall time; every answer must be 200 and M
-  job rows must be in the database.
+  requests with distinct ids, 64 at a time. Rate = requests answered 200 / wall time; the job
+  rows in the database must equal the 200s, and every other answer must be a 503 (counted).
 
 Every number comes from a process of its own; the orchestrator only times what children report
 and counts rows in the database.
@@ -297,8 +297,13 @@ def _receiver_rate(m: int, concurrency: int) -> dict[str, Any]:
         server.wait_ready()
         result = _run("load", port=port, m=m, concurrency=concurrency)
         counted = _run("count", url=url, name=RECEIVER)
-        if result["statuses"] != {"200": m} or counted["jobs"] != m:
+        # A 503 (the driver's pool could not lend a connection in time) is the receiver doing
+        # its job under overload: it is counted and shown, never mistaken for a stored event.
+        accepted = result["statuses"].get("200", 0)
+        if counted["jobs"] != accepted or accepted + result["statuses"].get("503", 0) != m:
             raise ChildFailed(f"answers {result['statuses']}, {counted['jobs']} rows of {m}")
+        result["value"] = accepted / result["seconds"]
+        result["unavailable"] = m - accepted
         return result
     finally:
         server.terminate()
@@ -343,6 +348,9 @@ def main(argv: list[str]) -> int:
         values = [run["value"] for run in runs[key]]
         shown = ", ".join(f"{v:,.0f}" for v in values)
         print(f"| {label} | {statistics.median(values):,.0f} | {shown} |")
+    refused = sum(run.get("unavailable", 0) for run in runs["receiver"])
+    if refused:
+        print(f"note: the receiver answered {refused} request(s) 503 (driver pool busy)")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"argv": argv, "runs": runs}, f, indent=2)
