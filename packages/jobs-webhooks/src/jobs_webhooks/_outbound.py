@@ -72,8 +72,17 @@ DEFAULT_RETRY = Retry(attempts=10, backoff="exponential", delay="30s", max_delay
 MAX_RESPONSE_BYTES = 65_536
 """The most of a response body an attempt reads (the rest is never read)."""
 
+# Headers we set on every delivery: an endpoint's own value for one of them is never sent.
 _OURS = frozenset(
-    {"content-type", "user-agent", "webhook-id", "webhook-timestamp", "webhook-signature"}
+    {
+        "content-type",
+        "user-agent",
+        "accept-encoding",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+        "webhook-topic",
+    }
 )
 # Framing and routing headers an endpoint may not set: they would change where or how the
 # signed body goes, not what it says.
