@@ -1,10 +1,10 @@
 """The test matrix: lint, typing, each package's tests, and the demo.
 
 ``nox`` runs the default sessions (``nox.options.sessions`` below: lint, typecheck, the core
-tests, then each driver's tests and conformance, and ``pg-restart`` last, which restarts the
-local PostgreSQL server); ``nox -s demo`` runs the demo. Each driver package adds a
-``conformance-<driver>`` session that runs the jobs-conformance suite against its driver (its
-tests' conftest opts in; ``-m conformance``). Every tool and test dependency is pinned once, in
+tests, then each driver's tests and conformance, jobs-webhooks' tests, and ``pg-restart`` last,
+which restarts the local PostgreSQL server); ``nox -s demo`` runs the demo. Each driver package
+adds a ``conformance-<driver>`` session that runs the jobs-conformance suite against its driver
+(its tests' conftest opts in; ``-m conformance``). Every tool and test dependency is pinned once, in
 ``PINS``, so sessions never disagree.
 """
 
@@ -26,12 +26,17 @@ PINS = {
     "opentelemetry-sdk": "opentelemetry-sdk==1.45.2",
     "redis": "redis==8.1.0",
     "hiredis": "hiredis==3.5.0",
+    # jobs-webhooks' tests: the servers they start, the independent verifier, a FastAPI mount.
+    "uvicorn": "uvicorn==0.54.0",
+    "standardwebhooks": "standardwebhooks==1.1.0",
+    "fastapi": "fastapi==0.163.2",
 }
 
 CORE = "packages/jobs-core"
 CONFORMANCE = "conformance"
 REDIS = "packages/jobs-redis"
 PG = "packages/jobs-pg"
+WEBHOOKS = "packages/jobs-webhooks"
 
 # The OpenTelemetry SDK (with its in-memory exporter) checks the optional tracing; jobs-core
 # itself needs only the API, and only when installed with the ``otel`` extra.
@@ -52,6 +57,7 @@ nox.options.sessions = [
     "conformance-redis",
     "tests-pg",
     "conformance-pg",
+    "tests-webhooks",
     # Last: it restarts the PostgreSQL server.
     "pg-restart",
 ]
@@ -82,6 +88,7 @@ def typecheck(session: nox.Session) -> None:
     )
     session.install("-e", REDIS, PINS["redis"], PINS["hiredis"])
     session.install("-e", PG)
+    session.install("-e", WEBHOOKS)
     session.run("mypy")
 
 
@@ -142,6 +149,32 @@ def conformance_pg(session: nox.Session) -> None:
     session.run("pytest", f"{PG}/tests", "-m", "conformance", "-q", *session.posargs)
 
 
+@nox.session(name="tests-webhooks", python=PYTHON)
+def tests_webhooks(session: nox.Session) -> None:
+    """Run jobs-webhooks' tests (real HTTP to uvicorn servers on loopback addresses).
+
+    They need PostgreSQL at 127.0.0.1:5432 (the pg ledger, the pg driver) and start a private
+    redis-server for the outage test, stopped by the test itself.
+    """
+    session.install(
+        "-e",
+        CORE,
+        "-e",
+        PG,
+        "-e",
+        REDIS,
+        "-e",
+        WEBHOOKS,
+        PINS["redis"],
+        PINS["hiredis"],
+        PINS["uvicorn"],
+        PINS["standardwebhooks"],
+        PINS["fastapi"],
+        *TEST_DEPS,
+    )
+    session.run("pytest", f"{WEBHOOKS}/tests", "-m", "not slow", "-q", *session.posargs)
+
+
 @nox.session(name="pg-restart", python=PYTHON)
 def pg_restart(session: nox.Session) -> None:
     """Restart PostgreSQL under a running worker (jobs-pg's ``slow`` tests): run it alone."""
@@ -163,6 +196,9 @@ BENCH_PINS = {
     "redis": "redis==8.1.0",
     "hiredis": "hiredis==3.5.0",
     "pyinstrument": "pyinstrument==5.1.3",
+    "uvicorn": "uvicorn==0.54.0",
+    # uvicorn's fast HTTP parser, as `uvicorn[standard]` installs it in production.
+    "httptools": "httptools==0.9.0",
 }
 BENCH_ARQ = "arq==0.28.0"
 BENCH_PEERS = [
@@ -179,13 +215,14 @@ BENCH_PEERS = [
 def bench(session: nox.Session) -> None:
     """Run the benchmarks in bench/ (``nox -s bench -- --quick``; ``--peers`` adds the peers).
 
-    Installs jobs-core and, when their packages exist, jobs-pg and jobs-redis (editable), the
-    floors' clients and the profiler; the pinned peers only when ``--peers`` is passed.
+    Installs jobs-core and, when their packages exist, jobs-pg, jobs-redis and jobs-webhooks
+    (editable), the floors' clients, uvicorn and the profiler; the pinned peers only when
+    ``--peers`` is passed. ``--webhooks`` runs the webhook figures instead (bench/webhooks.py).
     """
     from pathlib import Path
 
     packages = ["-e", CORE]
-    for sibling in ("packages/jobs-pg", "packages/jobs-redis"):
+    for sibling in ("packages/jobs-pg", "packages/jobs-redis", WEBHOOKS):
         if (Path(sibling) / "pyproject.toml").exists():
             packages += ["-e", sibling]
     session.install(*packages, *BENCH_PINS.values())

@@ -6,6 +6,7 @@ Examples:
     nox -s bench -- --peers --markdown --json bench.json
     python -m bench --rss --drivers memory,pg    # worker RSS after 100k and 1M jobs (long)
     python -m bench --profile                    # pyinstrument on the memory hot paths
+    python -m bench --webhooks --quick           # jobs-webhooks' figures (bench/webhooks.py)
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ ALL_FIGURES = ("enqueue-single", "enqueue-batch", "processing", "durable", "pick
 
 def main(argv: list[str]) -> int:
     """Run what ``argv`` asks; answer the exit code."""
+    if "--webhooks" in argv:
+        from bench.webhooks import main as webhooks_main
+
+        return webhooks_main([a for a in argv if a != "--webhooks"])
     args = _parse(argv)
     if args.profile:
         from bench.profile import main as profile_main

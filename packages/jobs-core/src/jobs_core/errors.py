@@ -302,6 +302,76 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "Enqueue inside the outbox store's transaction (jobs_pg.transaction(conn), MemoryOutboxStore.transaction()), pass outbox=tx, or install with mode='optional'.",
         "terminal",
     ),
+    # jobs-webhooks (packages/jobs-webhooks): outbound delivery, then the inbound receiver.
+    ErrorCode(
+        "X_WEBHOOK_DELIVERY_FAILED",
+        "WebhookDeliveryFailedError",
+        "A webhook attempt failed (a non-2xx answer, a 3xx, a timeout, a refused connection); it is retried on the job's backoff.",
+        "Nothing while retries remain; check the endpoint (the ledger's attempts show each status and excerpt).",
+        "retry_after",
+    ),
+    ErrorCode(
+        "X_WEBHOOK_DELIVERY_REJECTED",
+        "WebhookDeliveryRejectedError",
+        "The endpoint refused the delivery for good (410 Gone or another status declared permanent).",
+        "Nothing to retry: remove or disable the subscription, or fix it and enqueue the delivery again.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_WEBHOOK_DELIVERY_THROTTLED",
+        "WebhookDeliveryThrottledError",
+        "The endpoint answered 429 or 503 with Retry-After; the retry waits that long (clamped by max_delay, jittered).",
+        "Nothing: the delivery retries when the endpoint asked; raise retry.max_delay to honour longer waits.",
+        "retry_after",
+    ),
+    ErrorCode(
+        "X_WEBHOOK_ENDPOINT_INVALID",
+        "WebhookEndpointInvalidError",
+        "The endpoint cannot be delivered to: a bad URL or secret, none found, or an address the SSRF guard refuses.",
+        "Give the endpoint an http(s) URL that resolves to a public address and whsec_ secrets; Endpoint(allow_private=True) for a trusted internal one.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_WEBHOOK_ENDPOINT_DISABLED",
+        "WebhookEndpointDisabledError",
+        "The ledger holds the endpoint disabled (disable_after consecutive failures, or the app); nothing was sent.",
+        "Fix the endpoint, then re-enable it with await ledger.enable(endpoint_id) and enqueue the delivery again.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_WEBHOOK_EVENT_MISSING",
+        "WebhookEventMissingError",
+        "The delivery's event(input) lookup found no event; nothing was sent.",
+        "Keep events until their deliveries settle, or stop enqueueing deliveries of deleted events.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_WEBHOOK_SIGNATURE_INVALID",
+        "WebhookSignatureInvalidError",
+        "An inbound webhook's signature did not verify (missing, forged, or a timestamp outside the tolerance).",
+        "Check the shared secret and the sender's clock; the receiver answers 401 with no detail.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_WEBHOOK_EVENT_ID_INVALID",
+        "WebhookEventIdInvalidError",
+        "verify answered an event id that is not 1-256 printable ASCII characters (answered 422; never echoed).",
+        "Take the event id from the verified bytes (a signed header or the signed body), 1-256 printable ASCII characters.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_WEBHOOK_RECEIVER_UNAVAILABLE",
+        "WebhookReceiverUnavailableError",
+        "The receiver could not write the event's job (the driver failed); it answered 503 with Retry-After.",
+        "Bring the driver's backend back: the sender redelivers, and nothing was acknowledged.",
+    ),
+    ErrorCode(
+        "X_WEBHOOK_RECEIVER_INVALID",
+        "WebhookReceiverInvalidError",
+        "A webhook_receiver declaration has missing or bad fields (all of them are listed).",
+        "Correct every field named: an absolute path, verify and handle functions, max_bytes an int >= 1.",
+        "terminal",
+    ),
 )
 
 _BY_CODE: dict[str, ErrorCode] = {entry.code: entry for entry in ERROR_CODES}
@@ -563,6 +633,66 @@ class OutboxNoTransactionError(JobsError):
     """The outbox is installed with mode='required' and the enqueue ran outside a transaction."""
 
     code = "X_OUTBOX_NO_TX"
+
+
+class WebhookDeliveryFailedError(JobsError):
+    """A webhook attempt failed; it is retried on the job's backoff."""
+
+    code = "X_WEBHOOK_DELIVERY_FAILED"
+
+
+class WebhookDeliveryRejectedError(JobsError):
+    """The endpoint refused the delivery for good (410 Gone or another permanent status)."""
+
+    code = "X_WEBHOOK_DELIVERY_REJECTED"
+
+
+class WebhookDeliveryThrottledError(JobsError):
+    """The endpoint answered 429 or 503 with Retry-After; the retry waits that long."""
+
+    code = "X_WEBHOOK_DELIVERY_THROTTLED"
+
+
+class WebhookEndpointInvalidError(JobsError):
+    """The endpoint cannot be delivered to (bad URL or secret, none found, or an SSRF refusal)."""
+
+    code = "X_WEBHOOK_ENDPOINT_INVALID"
+
+
+class WebhookEndpointDisabledError(JobsError):
+    """The ledger holds the endpoint disabled; nothing was sent."""
+
+    code = "X_WEBHOOK_ENDPOINT_DISABLED"
+
+
+class WebhookEventMissingError(JobsError):
+    """The delivery's event lookup found no event; nothing was sent."""
+
+    code = "X_WEBHOOK_EVENT_MISSING"
+
+
+class WebhookSignatureInvalidError(JobsError):
+    """An inbound webhook's signature did not verify."""
+
+    code = "X_WEBHOOK_SIGNATURE_INVALID"
+
+
+class WebhookEventIdInvalidError(JobsError):
+    """verify answered an event id that is not 1-256 printable ASCII characters."""
+
+    code = "X_WEBHOOK_EVENT_ID_INVALID"
+
+
+class WebhookReceiverUnavailableError(JobsError):
+    """The receiver could not write the event's job; it answered 503 with Retry-After."""
+
+    code = "X_WEBHOOK_RECEIVER_UNAVAILABLE"
+
+
+class WebhookReceiverInvalidError(JobsError):
+    """A webhook_receiver declaration has missing or bad fields."""
+
+    code = "X_WEBHOOK_RECEIVER_INVALID"
 
 
 ERROR_CLASSES: dict[str, type[JobsError]] = {cls.code: cls for cls in JobsError.__subclasses__()}

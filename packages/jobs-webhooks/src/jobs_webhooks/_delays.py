@@ -1,0 +1,67 @@
+"""How long a throttled delivery waits: ``Retry-After`` read both ways, clamped, jittered up.
+
+A receiver that answers 429 or 503 with ``Retry-After`` is called back no sooner than it asked:
+the jitter spreads retries *after* the asked instant (up to :data:`THROTTLE_SPREAD` of it), so
+deliveries throttled together do not return in one wave, and none comes early. An HTTP-date is
+read against the response's own ``Date``: the receiver's clock, not ours, says when "later" is.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import random
+from datetime import UTC, datetime
+
+THROTTLE_SPREAD = 0.25
+"""How much later than its ``Retry-After`` a throttled attempt may come, as a fraction of it."""
+
+
+def retry_after_seconds(value: str | None, date: str | None, received: datetime) -> float | None:
+    """Answer the wait a ``Retry-After`` header asks for, in seconds, or ``None``.
+
+    Args:
+        value: the header: delta-seconds (``"120"``) or an HTTP-date.
+        date: the response's own ``Date`` header: an HTTP-date is read against it (the sender's
+            clock), falling back to ``received`` when it is missing or unreadable.
+        received: when the response arrived (aware).
+
+    Returns:
+        Seconds to wait (``>= 0``; a date in the past is 0), or ``None`` for a missing or
+        unreadable header.
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isascii() and text.isdigit():
+        return float(int(text[:12]))
+    when = _http_date(text)
+    if when is None:
+        return None
+    base = _http_date(date) if date else None
+    return max(0.0, (when - (base or received)).total_seconds())
+
+
+def _http_date(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    # HTTP-dates are GMT; one written without a zone parses as naive.
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def throttle_delay_ms(asked_ms: int, max_ms: int, *, jitter: bool, rng: random.Random) -> int:
+    """Answer the delay before a throttled attempt's retry (ms).
+
+    Never sooner than asked while that is under ``max_ms``: up to :data:`THROTTLE_SPREAD` more,
+    jittered, so throttled deliveries do not come back in one wave. An ask at or past
+    ``max_ms`` is clamped to it, jittered into its last quarter.
+    """
+    if asked_ms >= max_ms:
+        low = max_ms - math.floor(max_ms * THROTTLE_SPREAD) if jitter else max_ms
+        return rng.randint(low, max_ms)
+    high = min(max_ms, asked_ms + math.floor(asked_ms * THROTTLE_SPREAD)) if jitter else asked_ms
+    return rng.randint(asked_ms, high)
