@@ -110,7 +110,8 @@ def split_records(texts: list[str]) -> list[Cells | None]:
     r"""Split decoded records into cells (``None`` for an empty unquoted cell).
 
     Args:
-        texts: whole records, each without its ``\n`` (a trailing ``\r`` is a CRLF line end).
+        texts: whole records, each without its ``\n`` (trailing ``\r`` are a CRLF line end, as
+            ``csv`` reads them).
 
     Returns:
         One entry per record: its cells, or ``None`` when it is not well-formed RFC 4180 (a
@@ -120,8 +121,7 @@ def split_records(texts: list[str]) -> list[Cells | None]:
     batched: list[int] = []
     for index, text in enumerate(texts):
         if '"' not in text:
-            if text.endswith("\r"):
-                text = text[:-1]
+            text = text.rstrip("\r")
             if "\r" in text:
                 continue
             out[index] = [cell or None for cell in text.split(",")]
@@ -170,8 +170,7 @@ def split_strict(text: str) -> Cells | None:
     Returns:
         The cells, or ``None`` for a malformed record.
     """
-    if text.endswith("\r"):
-        text = text[:-1]
+    text = text.rstrip("\r")
     cells: Cells = []
     end = len(text)
     pos = 0

@@ -39,8 +39,6 @@ REFUSALS: dict[str, str] = {
 SHOWN_NAMES = 5
 """How many of a file's undeclared header cells a mismatch message shows."""
 
-_BLANK = (b"", b"\r")
-
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
@@ -165,8 +163,8 @@ class Page:
         csv_format = layout.format == "csv"
         pending: list[tuple[int, bytes]] = []
         for first, record in split_records(self._region, quoted=csv_format):
-            if record in _BLANK:
-                continue
+            if not record.rstrip(b"\r"):
+                continue  # a blank line (CRs only count as a line end)
             line = self._first_line + first + 1
             if len(record) > limit:
                 raise ImportRecordTooLargeError(
