@@ -280,14 +280,18 @@ async def test_an_async_handle_is_awaited_on_the_loop(
 
 
 @pytest.mark.parametrize("tenant", ["function", "none"])
+@pytest.mark.parametrize("kind", ["sync", "async"])
 async def test_handle_runs_as_the_jobs_tenant_and_none_gets_no_org(
-    driver: MemoryDriver, registry: JobRegistry, tenant: str
+    driver: MemoryDriver, registry: JobRegistry, tenant: str, kind: str
 ) -> None:
     orgs: list[Any] = []
 
-    def handle(rows: list[Item], input: Org) -> None:
+    def note(rows: list[Item], input: Org) -> None:
         actor = current_actor()
         orgs.append(None if actor is None else actor.org_id)
+
+    async def note_async(rows: list[Item], input: Org) -> None:
+        note(rows, input)
 
     store = memory_source({"in.csv": _csv(3)})
     job = import_rows(
@@ -298,7 +302,7 @@ async def test_handle_runs_as_the_jobs_tenant_and_none_gets_no_org(
         key=lambda i: i.key,
         columns=["id", "name", "total"],
         schema=Item,
-        handle=handle,
+        handle=note if kind == "sync" else note_async,
         errors=ErrorSink(sink=lambda: store, prefix=lambda i: "errors"),
         registry=registry,
     )

@@ -5,13 +5,13 @@ so that ``None`` (an empty, unquoted cell) and ``""`` (a quoted empty cell) surv
 Text cells that a spreadsheet would run as a formula get a leading ``'`` (the formula guard);
 numbers are never touched, so ``-2`` stays a number while the text ``"-2"`` is guarded.
 
-Reading: records arrive whole (boundaries are found on bytes, :mod:`._records`). Python 3.11's
-``csv`` module cannot tell an empty cell from a quoted ``""``, so a record is split by the
-cheapest way that is still exact for it: a record with no ``"`` by ``str.split``; one with quotes
-but no ``""`` (so no quoted empty cell and no escaped quote) by ``csv.reader``, many records per
-reader; the rest by :func:`split_strict`, a small exact parser. The three agree on every record
-(a property test checks it); the fast two exist because a plain ``csv.reader`` loop is the floor
-the import's throughput is measured against.
+Reading: records arrive whole (boundaries are found on bytes, :mod:`._records`) and
+``csv.reader`` splits them, many records per reader. Python 3.11's ``csv`` cannot tell an empty
+cell from a quoted ``""``, so when it answers an empty cell in a record that holds ``""``, that
+record is split again by :func:`split_strict`, a small exact parser; in any other record an empty
+cell can only be an unquoted one, ``None``. The two agree on every record (a property test
+checks it); the reader is there because a plain ``csv.reader`` loop is the floor the import's
+throughput is measured against.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import math
 import re
 from datetime import date, datetime, time
 from decimal import Decimal
+from typing import cast
 from uuid import UUID
 
 FORMULA_TRIGGERS = frozenset("=+-@\t\r\uff1d\uff0b\uff0d\uff20")
@@ -114,51 +115,48 @@ def split_records(texts: list[str]) -> list[Cells | None]:
             ``csv`` reads them).
 
     Returns:
-        One entry per record: its cells, or ``None`` when it is not well-formed RFC 4180 (a
-        quote that never closes, text after a closing quote, a bare CR in an unquoted field).
+        One entry per record: its cells (``[]`` for a blank record), or ``None`` when it is not
+        well-formed RFC 4180 (a quote that never closes, text after a closing quote, a bare CR
+        in an unquoted field).
     """
-    out: list[Cells | None] = [None] * len(texts)
-    batched: list[int] = []
-    for index, text in enumerate(texts):
-        if '"' not in text:
-            text = text.rstrip("\r")
-            if "\r" in text:
-                continue
-            out[index] = [cell or None for cell in text.split(",")]
-        elif '""' in text:
-            out[index] = split_strict(text)
-        else:
-            batched.append(index)
-    if batched:
-        _read_batched(texts, batched, out)
-    return out
+    rows = read_cells(texts)
+    if rows is None:
+        return [split_strict(text) for text in texts]
+    return [
+        settle_empty(cells, text) if "" in cells else cast(Cells, cells)
+        for cells, text in zip(rows, texts, strict=True)
+    ]
 
 
-def _read_batched(texts: list[str], indexes: list[int], out: list[Cells | None]) -> None:
-    """Split quoted records (none holding ``""``) with ``csv.reader``, many per reader.
+def read_cells(texts: list[str]) -> list[list[str]] | None:
+    """Read every record with one ``csv.reader``; ``None`` when any is malformed.
 
-    A reader fed a record whose quote stays open reads on into the next one; ``line_num`` says
-    how many it took, and those records are split one by one by :func:`split_strict` instead.
+    An empty cell in the answer may be unquoted (``None``) or a quoted ``""``: settle it with
+    :func:`settle_empty`. A record whose quote never closes makes the reader read on into the
+    next record (so fewer rows come back) or fail: either way ``None``, and the caller splits
+    the records one by one with :func:`split_strict`.
     """
-    start = 0
-    while start < len(indexes):
-        chunk = [texts[i] for i in indexes[start:]]
-        reader = csv.reader(chunk, strict=True)
-        done = 0
-        try:
-            for cells in reader:
-                if reader.line_num != done + 1:
-                    break
-                out[indexes[start + done]] = [cell or None for cell in cells]
-                done += 1
-            else:
-                return
-        except csv.Error:
-            pass
-        stop = max(reader.line_num, done + 1)
-        for offset in range(done, min(stop, len(chunk))):
-            out[indexes[start + offset]] = split_strict(chunk[offset])
-        start += max(stop, done + 1)
+    try:
+        rows = list(csv.reader(texts, strict=True))
+    except csv.Error:
+        return None
+    # No record yields two rows (none holds an unquoted newline), so equal counts mean aligned.
+    return rows if len(rows) == len(texts) else None
+
+
+def settle_empty(cells: list[str], text: str) -> Cells | None:
+    """Answer the exact cells of ``text``, given what ``csv`` read from it (with an empty cell).
+
+    Without ``""`` in the record every empty cell is an unquoted one, made ``None`` in place;
+    with it only :func:`split_strict` can tell a quoted empty cell from an escaped quote.
+    """
+    if '""' in text:
+        return split_strict(text)
+    index = -1
+    for _ in range(cells.count("")):
+        index = cells.index("", index + 1)
+        cells[index] = None  # type: ignore[call-overload]
+    return cast(Cells, cells)
 
 
 def split_strict(text: str) -> Cells | None:
@@ -168,9 +166,12 @@ def split_strict(text: str) -> Cells | None:
     field must be followed by ``,`` or the record's end, an unquoted field may not hold CR or LF.
 
     Returns:
-        The cells, or ``None`` for a malformed record.
+        The cells (``[]`` for a blank record, as ``csv`` answers), or ``None`` for a malformed
+        record.
     """
     text = text.rstrip("\r")
+    if not text:
+        return []
     cells: Cells = []
     end = len(text)
     pos = 0

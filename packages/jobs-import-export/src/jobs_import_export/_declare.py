@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -162,25 +162,35 @@ def is_async(fn: Callable[..., Any]) -> bool:
     )
 
 
-async def call(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call an app function: a coroutine function on the loop, anything else in a thread.
+def call_from_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call an app function from a worker thread and answer its result.
 
-    A plain function that answers an awaitable (``lambda rows, i: upsert(rows)`` over an async
-    ``upsert``) has that awaitable awaited on the loop.
+    A coroutine function, or a plain function answering an awaitable (``lambda rows, i:
+    upsert(rows)`` over an async ``upsert``), is awaited on ``loop`` (the worker's) while this
+    thread waits; the coroutine runs in this thread's context, so the job's tenant is ambient.
+
+    Args:
+        loop: the running loop of the job's attempt.
+        fn: the app's function.
+        *args: its arguments.
     """
     if is_async(fn):
-        return await fn(*args)
-    result = await asyncio.to_thread(fn, *args)
+        return asyncio.run_coroutine_threadsafe(fn(*args), loop).result()
+    result = fn(*args)
     if inspect.isawaitable(result):
-        result = await result
+        return asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
     return result
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 __all__ = [
     "FORMATS",
     "Format",
     "JobOptions",
-    "call",
+    "call_from_thread",
     "caller_site",
     "check_callable",
     "check_columns",

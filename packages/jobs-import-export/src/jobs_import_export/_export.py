@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypedDict
 
-from jobs_core import JobContext, JobHandle, JobRegistry, Retry, Settled, Step
+from jobs_core import CancelSignal, JobContext, JobHandle, JobRegistry, Retry, Settled, Step
 from jobs_core.errors import ExportPartTooLargeError, ExportRowInvalidError
 from jobs_core.limits import Concurrency
 from jobs_core.types import JSONValue
@@ -28,7 +29,7 @@ from jobs_import_export._csv import CellUnholdable, csv_cell, header_line
 from jobs_import_export._declare import (
     Format,
     JobOptions,
-    call,
+    call_from_thread,
     caller_site,
     check_callable,
     check_columns,
@@ -113,12 +114,13 @@ class _Export:
         prefix = check_key(self.prefix(input), what="prefix")
         reader = self.source(ctx, input)
         sink = self.sink()
+        loop = asyncio.get_running_loop()
         checkpoint: dict[str, Any] = {"cursor": None, "rows": 0, "bytes": 0}
         parts = 0
         while True:
             ctx.cancel.raise_if_cancelled()
             answer = await step.run(
-                f"part:{parts}", self._page, reader, sink, prefix, parts, checkpoint
+                f"part:{parts}", self._page, loop, reader, sink, prefix, parts, checkpoint
             )
             assert isinstance(answer, dict)
             wrote = parts == 0 or answer["rows"] > checkpoint["rows"]
@@ -136,22 +138,24 @@ class _Export:
             "manifest": manifest,
         }
 
-    async def _page(
+    def _page(
         self,
+        loop: asyncio.AbstractEventLoop,
         reader: PageReader,
         sink: ExportSink,
         prefix: str,
         index: int,
         checkpoint: dict[str, Any],
         *,
-        cancel: Any,
+        cancel: CancelSignal,
     ) -> dict[str, Any]:
-        started = asyncio.get_running_loop().time()
-        answer = await call(reader, checkpoint["cursor"], self.batch)
+        """Read, encode and put one page; answer its checkpoint (on a worker thread, one hop)."""
+        started = time.monotonic()
+        answer = call_from_thread(loop, reader, checkpoint["cursor"], self.batch)
         rows, cursor = _page_of(answer, index)
         if not rows and index > 0:
             return {"cursor": None, "rows": checkpoint["rows"], "bytes": checkpoint["bytes"]}
-        data = await asyncio.to_thread(self._encode, rows, index)
+        data = self._encode(rows, index)
         if len(data) > self.max_part_bytes:
             raise ExportPartTooLargeError(
                 f"part {index} encodes to {len(data):,} bytes, over max_part_bytes="
@@ -161,11 +165,13 @@ class _Export:
                 max_part_bytes=self.max_part_bytes,
                 batch=self.batch,
             )
-        key = join_key(prefix, f"part-{index:05d}.{EXTENSIONS[self.format]}")
-        await asyncio.to_thread(sink.put, key, data)
+        sink.put(join_key(prefix, f"part-{index:05d}.{EXTENSIONS[self.format]}"), data)
         next_cursor = cursor if rows else None
         if self.rate is not None and next_cursor is not None:
-            await _throttle(cancel, started + 1 / self.rate)
+            remaining = started + 1 / self.rate - time.monotonic()
+            # The wait ends early when the attempt is cancelled (a drain, a timeout).
+            if remaining > 0 and cancel.wait_sync(remaining):
+                cancel.raise_if_cancelled()
         return {
             "cursor": next_cursor,
             "rows": checkpoint["rows"] + len(rows),
@@ -229,9 +235,7 @@ class _Export:
                 )
         raise AssertionError("a cell failed to convert once, then converted")
 
-    async def _manifest(
-        self, sink: ExportSink, key: str, parts: int, checkpoint: dict[str, Any]
-    ) -> None:
+    def _manifest(self, sink: ExportSink, key: str, parts: int, checkpoint: dict[str, Any]) -> None:
         manifest = {
             "format": self.format,
             "columns": self.columns,
@@ -239,8 +243,7 @@ class _Export:
             "rows": checkpoint["rows"],
             "bytes": checkpoint["bytes"],
         }
-        data = (json.dumps(manifest, indent=2) + "\n").encode()
-        await asyncio.to_thread(sink.put, key, data)
+        sink.put(key, (json.dumps(manifest, indent=2) + "\n").encode())
 
 
 def _page_of(answer: Any, index: int) -> tuple[Sequence[Any], JSONValue]:
@@ -256,18 +259,6 @@ def _page_of(answer: Any, index: int) -> tuple[Sequence[Any], JSONValue]:
             part=index,
         )
     return answer[0], answer[1]
-
-
-async def _throttle(cancel: Any, until: float) -> None:
-    """Wait until the loop's clock reads ``until``, or the step's cancel signal fires."""
-    remaining = until - asyncio.get_running_loop().time()
-    if remaining <= 0:
-        return
-    try:
-        await asyncio.wait_for(cancel.wait(), remaining)
-    except TimeoutError:
-        return
-    cancel.raise_if_cancelled()
 
 
 def export_rows(

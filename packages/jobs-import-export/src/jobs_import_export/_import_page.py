@@ -14,6 +14,7 @@ starts on, the column (``None`` for the record as a whole) and a code, which is 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,9 @@ REFUSALS: dict[str, str] = {
     "undeclared": "the NDJSON object has a key outside columns (the field names it)",
 }
 """The format rules a row can be refused by (the schema's own rules use pydantic's types)."""
+
+_SURROGATE = re.compile("[\udc80-\udcff]")
+"""What ``surrogateescape`` made of a byte that is not UTF-8."""
 
 SHOWN_NAMES = 5
 """How many of a file's undeclared header cells a mismatch message shows."""
@@ -83,14 +87,14 @@ class Layout:
     Attributes:
         format: ``"csv"`` or ``"ndjson"``.
         columns: the declared columns.
-        rows: validates a list of row mappings into the schema (``TypeAdapter(list[schema])``).
+        row: validates one row mapping into the schema (``TypeAdapter(schema)``).
         batch: records per batch.
         max_record_bytes: the longest record accepted.
     """
 
     format: str
     columns: tuple[str, ...]
-    rows: TypeAdapter[Any]
+    row: TypeAdapter[Any]
     batch: int
     max_record_bytes: int
 
@@ -146,11 +150,15 @@ class Page:
                 max_record_bytes=layout.max_record_bytes,
             )
         self._region = data[skip : skip + end]
+        self._firsts: list[int] | None = None
         self.consumed = skip + end
         self.lines = self._region.count(b"\n")
 
     def batches(self) -> Iterator[Batch]:
         """Yield the page's batches in file order (the CSV header is read, not yielded).
+
+        A batch is ``batch`` records (blank lines among them are skipped, so it may hand fewer
+        rows to ``handle``).
 
         Raises:
             ImportRecordTooLargeError: ``X_IMPORT_RECORD_TOO_LARGE`` for a record over
@@ -158,120 +166,137 @@ class Page:
             ImportHeaderMismatchError: ``X_IMPORT_HEADER_MISMATCH`` for a CSV header that does
                 not name exactly the declared columns.
         """
-        layout = self.layout
-        limit = layout.max_record_bytes
-        csv_format = layout.format == "csv"
-        pending: list[tuple[int, bytes]] = []
-        for first, record in split_records(self._region, quoted=csv_format):
-            if not record.rstrip(b"\r"):
-                continue  # a blank line (CRs only count as a line end)
-            line = self._first_line + first + 1
-            if len(record) > limit:
+        try:
+            text = self._region.decode("utf-8")
+            damaged = False
+        except UnicodeDecodeError:
+            # Keep every byte (a bad one as a lone surrogate) and refuse only its records.
+            text = self._region.decode("utf-8", "surrogateescape")
+            damaged = True
+        csv_format = self.layout.format == "csv"
+        records, self._firsts = split_records(text, quoted=csv_format)
+        start = 0
+        if csv_format and self.header is None:
+            start = self._read_header(records)
+        size = self.layout.batch
+        for low in range(start, len(records), size):
+            chunk = records[low : low + size]
+            self._check_sizes(chunk, low)
+            bad = self._undecodable(chunk) if damaged else None
+            if csv_format:
+                yield self._csv_batch(chunk, low, bad)
+            else:
+                yield self._ndjson_batch(chunk, low, bad)
+
+    def _line(self, index: int) -> int:
+        """Answer the physical line (1-based, in the object) record ``index`` starts on."""
+        first = index if self._firsts is None else self._firsts[index]
+        return self._first_line + first + 1
+
+    def _read_header(self, records: list[str]) -> int:
+        """Find the header (the first non-blank record); answer the index after it."""
+        for index, record in enumerate(records):
+            if record.rstrip("\r"):
+                self._check_sizes([record], index)
+                self.header = read_header(record, self.layout.columns)
+                return index + 1
+        return len(records)
+
+    def _check_sizes(self, chunk: list[str], low: int) -> None:
+        limit = self.layout.max_record_bytes
+        # A character is at most 4 bytes: a chunk whose records are all this short is fine.
+        if not chunk or max(map(len, chunk)) <= limit // 4:
+            return
+        for offset, record in enumerate(chunk):
+            if _byte_length(record) > limit:
+                line = self._line(low + offset)
                 raise ImportRecordTooLargeError(
-                    f"the record at line {line} is {len(record):,} bytes, over "
+                    f"the record at line {line} is {_byte_length(record):,} bytes, over "
                     f"max_record_bytes={limit:,}",
                     line=line,
                     max_record_bytes=limit,
                 )
-            if csv_format and self.header is None:
-                self.header = read_header(record, layout.columns)
-                continue
-            pending.append((line, record))
-            if len(pending) == layout.batch:
-                yield self._batch(pending)
-                pending = []
-        if pending:
-            yield self._batch(pending)
 
-    def _batch(self, records: list[tuple[int, bytes]]) -> Batch:
-        batch = Batch(last_line=records[-1][0])
-        texts: list[str] = []
-        lines: list[int] = []
-        for line, record in records:
-            try:
-                texts.append(record.decode("utf-8"))
-            except UnicodeDecodeError:
-                batch.refusals.append(Refusal(line, None, "encoding"))
-                batch.rejected += 1
-                continue
-            lines.append(line)
-        if self.layout.format == "csv":
-            values, value_lines = self._csv_rows(texts, lines, batch)
-        else:
-            values, value_lines = self._ndjson_rows(texts, lines, batch)
-        if values:
-            batch.rows = self._validate(values, value_lines, batch)
-        batch.refusals.sort(key=lambda refusal: refusal.line)
-        return batch
+    @staticmethod
+    def _undecodable(chunk: list[str]) -> set[int]:
+        return {offset for offset, record in enumerate(chunk) if _SURROGATE.search(record)}
 
-    def _csv_rows(
-        self, texts: list[str], lines: list[int], batch: Batch
-    ) -> tuple[list[dict[str, Any]], list[int]]:
+    def _refuse(self, batch: Batch, index: int, field: str | None, code: str) -> None:
+        batch.refusals.append(Refusal(self._line(index), field, code))
+        batch.rejected += 1
+
+    def _csv_batch(self, chunk: list[str], low: int, bad: set[int] | None) -> Batch:
         header = self.header
         assert header is not None
         width = len(header)
-        values: list[dict[str, Any]] = []
-        value_lines: list[int] = []
-        for line, cells in zip(lines, _csv.split_records(texts), strict=True):
-            if cells is None or len(cells) != width:
-                batch.refusals.append(
-                    Refusal(line, None, "malformed" if cells is None else "columns")
-                )
-                batch.rejected += 1
-                continue
-            values.append(dict(zip(header, cells, strict=True)))
-            value_lines.append(line)
-        return values, value_lines
+        validate = self.layout.row.validate_python
+        batch = Batch(last_line=self._line(low + len(chunk) - 1))
+        rows = batch.rows
+        read = _csv.read_cells(chunk)
+        every: list[list[str]] | list[_csv.Cells | None] = (
+            read if read is not None else [_csv.split_strict(text) for text in chunk]
+        )
+        for offset, cells in enumerate(every):
+            if cells is not None and "" in cells:
+                cells = _csv.settle_empty(cells, chunk[offset])  # type: ignore[arg-type]
+            if cells is not None and len(cells) == width and (bad is None or offset not in bad):
+                try:
+                    rows.append(validate(dict(zip(header, cells))))  # noqa: B905 - same length
+                except ValidationError as exc:
+                    self._refuse_invalid(batch, low + offset, exc)
+            elif cells == []:
+                continue  # a blank line
+            elif bad is not None and offset in bad:
+                self._refuse(batch, low + offset, None, "encoding")
+            else:
+                self._refuse(batch, low + offset, None, "malformed" if cells is None else "columns")
+        return batch
 
-    def _ndjson_rows(
-        self, texts: list[str], lines: list[int], batch: Batch
-    ) -> tuple[list[dict[str, Any]], list[int]]:
+    def _ndjson_batch(self, chunk: list[str], low: int, bad: set[int] | None) -> Batch:
         allowed = self.layout.column_set
-        values: list[dict[str, Any]] = []
-        value_lines: list[int] = []
-        for line, text in zip(lines, texts, strict=True):
+        validate = self.layout.row.validate_python
+        batch = Batch(last_line=self._line(low + len(chunk) - 1))
+        for offset, text in enumerate(chunk):
+            index = low + offset
+            if not text.strip():
+                continue  # a blank line
+            if bad is not None and offset in bad:
+                self._refuse(batch, index, None, "encoding")
+                continue
             try:
                 value = json.loads(text)
             except ValueError:
-                batch.refusals.append(Refusal(line, None, "json"))
-                batch.rejected += 1
+                self._refuse(batch, index, None, "json")
                 continue
             if not isinstance(value, dict):
-                batch.refusals.append(Refusal(line, None, "not_object"))
-                batch.rejected += 1
+                self._refuse(batch, index, None, "not_object")
                 continue
             if not value.keys() <= allowed:
+                line = self._line(index)
                 for key in sorted(value.keys() - allowed)[:SHOWN_NAMES]:
                     batch.refusals.append(Refusal(line, shown(key), "undeclared"))
                 batch.rejected += 1
                 continue
-            values.append(value)
-            value_lines.append(line)
-        return values, value_lines
+            try:
+                batch.rows.append(validate(value))
+            except ValidationError as exc:
+                self._refuse_invalid(batch, index, exc)
+        return batch
 
-    def _validate(self, values: list[dict[str, Any]], lines: list[int], batch: Batch) -> list[Any]:
-        try:
-            valid: list[Any] = self.layout.rows.validate_python(values)
-            return valid
-        except ValidationError as exc:
-            failed = exc.errors(include_url=False, include_input=False, include_context=False)
-        bad: set[int] = set()
-        for issue in failed:
+    def _refuse_invalid(self, batch: Batch, index: int, exc: ValidationError) -> None:
+        line = self._line(index)
+        for issue in exc.errors(include_url=False, include_input=False, include_context=False):
             location = issue["loc"]
-            index = location[0]
-            assert isinstance(index, int)
-            bad.add(index)
-            column = str(location[1]) if len(location) > 1 else None
-            batch.refusals.append(Refusal(lines[index], column, issue["type"]))
-        batch.rejected += len(bad)
-        # Items validate independently: the rest of the batch is one more call, not one per row.
-        rest: list[Any] = self.layout.rows.validate_python(
-            [value for index, value in enumerate(values) if index not in bad]
-        )
-        return rest
+            column = str(location[0]) if location else None
+            batch.refusals.append(Refusal(line, column, issue["type"]))
+        batch.rejected += 1
 
 
-def read_header(record: bytes, columns: tuple[str, ...]) -> list[str]:
+def _byte_length(text: str) -> int:
+    return len(text.encode("utf-8", "surrogateescape"))
+
+
+def read_header(record: str, columns: tuple[str, ...]) -> list[str]:
     """Answer the header's column names (file order) when they are exactly ``columns``.
 
     Raises:
@@ -279,7 +304,7 @@ def read_header(record: bytes, columns: tuple[str, ...]) -> list[str]:
             missing (whole) and the file's undeclared ones (a count and at most five, escaped and
             cut: a header cell is file content).
     """
-    text = record.decode("utf-8", "backslashreplace")
+    text = record.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     cells = _csv.split_strict(text)
     names = [cell or "" for cell in cells] if cells is not None else [text]
     declared = set(columns)
