@@ -8,6 +8,7 @@ Examples:
     python -m bench --profile                    # pyinstrument on the memory hot paths
     python -m bench --webhooks --quick           # jobs-webhooks' figures (bench/webhooks.py)
     python -m bench --import-export              # jobs-import-export: RSS and throughput
+    python -m bench --import-export --instructions  # ... and instructions per row (valgrind)
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         help="jobs-import-export: worker RSS importing a 200 MB CSV and exporting 2M rows, "
         "import throughput against csv.reader + pydantic",
     )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="with --import-export: also count instructions per row under valgrind (callgrind)",
+    )
     return parser.parse_args(argv)
 
 
@@ -87,7 +93,12 @@ def main(argv: list[str]) -> int:
     if args.import_export:
         from bench.import_export import main as import_export_main
 
-        return import_export_main(quick=args.quick, repeat=args.repeat, markdown=args.markdown)
+        return import_export_main(
+            quick=args.quick,
+            repeat=args.repeat,
+            markdown=args.markdown,
+            instructions=args.instructions,
+        )
     sizes = Sizes.quick() if args.quick else Sizes.full()
     results = Results()
     drivers = []

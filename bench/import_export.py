@@ -24,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import csv
 import gc
+import re
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -37,7 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench.common import median, rss_kib, run_child
+from bench.common import ROOT, child_argv, child_env, median, rss_kib, run_child
 
 MEMORY_TARGET_MIB = 48
 THROUGHPUT_TARGET = 0.60
@@ -74,7 +76,7 @@ def _row(i: int) -> str:
     return f"{i},customer {i % 50_000},{note},{i % 100_000 / 100:.2f},{placed}\n"
 
 
-def write_file(path: Path, megabytes: int) -> int:
+def write_file(path: Path, megabytes: float) -> int:
     """Write the bench CSV of about ``megabytes`` MB to ``path``; answer its row count."""
     target = megabytes * 1_000_000
     rows = 0
@@ -82,18 +84,20 @@ def write_file(path: Path, megabytes: int) -> int:
     with path.open("w", encoding="utf-8", newline="") as f:
         f.write(",".join(COLUMNS) + "\n")
         while written < target:
-            chunk = "".join(_row(i) for i in range(rows, rows + 10_000))
+            step = min(10_000, max(1, int((target - written) // 40)))
+            chunk = "".join(_row(i) for i in range(rows, rows + step))
             f.write(chunk)
             written += len(chunk)
-            rows += 10_000
+            rows += step
     return rows
 
 
 class _Sampler:
     """The highest RSS seen every 5 ms while running (a cross-check of ``ru_maxrss``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         self.peak = rss_kib()
+        self._enabled = enabled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -102,12 +106,14 @@ class _Sampler:
             self.peak = max(self.peak, rss_kib())
 
     def __enter__(self) -> _Sampler:
-        self._thread.start()
+        if self._enabled:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._enabled:
+            self._thread.join()
 
 
 def _maxrss_kib() -> int:
@@ -116,6 +122,7 @@ def _maxrss_kib() -> int:
 
 async def _run_job(driver: Any, job: Any, key: str) -> tuple[Any, float, float]:
     from jobs_core import JobState, Worker, use_driver
+    from jobs_core.testing import live_count
 
     with use_driver(driver):
         worker = Worker(driver, poll_interval="5ms", idle_poll_max="20ms")
@@ -123,22 +130,25 @@ async def _run_job(driver: Any, job: Any, key: str) -> tuple[Any, float, float]:
         started = time.perf_counter()
         cpu = time.process_time()
         queued = await job.enqueue(Input(key=key))
-        while True:
-            info = await driver.introspect.get(queued.id)
-            if info.state not in (JobState.READY, JobState.RUNNING, JobState.DELAYED):
-                break
+        # The row's stats, not the row: reading it back decodes every step output each time.
+        while await live_count(driver):  # noqa: ASYNC110 - the memory driver has no wake here
             await asyncio.sleep(0.05)
         elapsed = time.perf_counter() - started
         cpu = time.process_time() - cpu
         await worker.stop()
         await running
+    info = await driver.introspect.get(queued.id)
     if info.state != JobState.DONE:
         raise RuntimeError(f"the bench job ended {info.state}: {info.last_error}")
     return info, elapsed, cpu
 
 
-async def child_import(path: str, warmup: str) -> dict[str, Any]:
-    """Import ``path`` in this process (a worker); answer rows/s and the RSS raise."""
+async def child_import(path: str, warmup: str, sample: bool = True) -> dict[str, Any]:
+    """Import ``path`` in this process (a worker); answer rows/s and the RSS raise.
+
+    ``sample=False`` leaves the RSS sampler thread out (under callgrind its wake-ups, many more
+    of them in the slowed-down run, would be counted as the import's).
+    """
     from jobs_core.drivers.memory import MemoryDriver
     from jobs_import_export import ErrorSink, import_rows, local_sink, local_source
 
@@ -165,7 +175,7 @@ async def child_import(path: str, warmup: str) -> dict[str, Any]:
     counted[0] = 0
     gc.collect()
     before = rss_kib()
-    with _Sampler() as sampler:
+    with _Sampler(sample) as sampler:
         info, elapsed, cpu = await _run_job(driver, job, Path(path).name)
     await driver.close()
     assert info.result["rows"] == counted[0], (info.result, counted[0])
@@ -253,8 +263,13 @@ async def child_export(folder: str, rows: int) -> dict[str, Any]:
     }
 
 
-def main(*, quick: bool, repeat: int, markdown: bool) -> int:
-    """Run the figures; print the table; answer the exit status (1 when a target is missed)."""
+def main(*, quick: bool, repeat: int, markdown: bool, instructions: bool = False) -> int:
+    """Run the figures; print the table; answer the exit status (1 when a target is missed).
+
+    With ``instructions`` it also counts, under valgrind's callgrind, the instructions the
+    import job and the floor spend on a 4 MB file beyond a 0.2 MB one: a ratio no other process
+    on the machine can move, unlike the wall and CPU times.
+    """
     megabytes, export_rows_n = (20, 200_000) if quick else (200, 2_000_000)
     rounds = 1 if quick else repeat
     work = Path(tempfile.mkdtemp(prefix="bench-ie-"))
@@ -280,6 +295,9 @@ def main(*, quick: bool, repeat: int, markdown: bool) -> int:
             if run["rows"] != file_rows:
                 raise RuntimeError(f"a run read {run['rows']} rows of {file_rows}")
         lines, missed = _table(runs, size, file_rows, export_rows_n, rounds)
+        if instructions:
+            lines.append("")
+            lines.append(_instructions(work))
         print("\n".join(lines))
         if markdown:
             print("\n<!-- bench markdown: paste verbatim -->")
@@ -287,6 +305,44 @@ def main(*, quick: bool, repeat: int, markdown: bool) -> int:
         return 1 if missed else 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _instructions(work: Path) -> str:
+    """Answer the line comparing instructions per row of the import job and of the floor."""
+    small, large = work / "small.csv", work / "large.csv"
+    rows = write_file(large, 4) - write_file(small, 0.2)
+    counted: dict[tuple[str, Path], int] = {}
+    for kind in ("ie-import", "ie-floor"):
+        for path in (small, large):
+            kwargs: dict[str, Any] = {"path": str(path)}
+            if kind == "ie-import":
+                kwargs.update(warmup=str(small), sample=False)
+            print(f"callgrind {kind} {path.name} ...", file=sys.stderr, flush=True)
+            counted[(kind, path)] = _callgrind(child_argv(kind, kwargs))
+    ours = (counted[("ie-import", large)] - counted[("ie-import", small)]) / rows
+    floor = (counted[("ie-floor", large)] - counted[("ie-floor", small)]) / rows
+    return (
+        f"Instructions per row (callgrind; a 4 MB file minus a 0.2 MB one, so start-up and "
+        f"warm-up cancel): ours {ours:,.0f}, floor {floor:,.0f}: ours / floor throughput "
+        f"{floor / ours:.2f}x."
+    )
+
+
+def _callgrind(argv: list[str]) -> int:
+    """Run ``argv`` under callgrind; answer the instructions it executed."""
+    done = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=True,
+    )
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if found is None:
+        raise RuntimeError(f"callgrind reported no count:\n{done.stderr[-2000:]}")
+    return int(found.group(1))
 
 
 def _table(

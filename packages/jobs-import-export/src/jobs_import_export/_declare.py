@@ -91,7 +91,7 @@ def declare(
     kind: str,
     options: JobOptions,
     problems: list[str],
-    body: Callable[..., Any],
+    run: Callable[[Any, Any, Any], Awaitable[Any]],
     site: str,
 ) -> JobHandle[Any, Any]:
     """Make the job, or raise every problem of the declaration at once.
@@ -100,7 +100,7 @@ def declare(
         kind: the factory's name (``"export_rows"``), for messages.
         options: what goes to :func:`jobs_core.job`.
         problems: the factory's own problems (empty when it found none).
-        body: the job body.
+        run: what the job body runs, ``await run(input, step, ctx)``.
         site: :func:`caller_site` of the factory call.
 
     Raises:
@@ -112,6 +112,10 @@ def declare(
     """
     if not isinstance(options.name, str) or not options.name.strip():
         problems.insert(0, f"name: required, the durable name of this {kind} job")
+
+    async def body(input: Any, step: Any, ctx: Any) -> Any:
+        return await run(input, step, ctx)
+
     _stamp_origin(body, options.name, site)
     arguments: dict[str, Any] = {
         "name": options.name if isinstance(options.name, str) and options.name.strip() else kind,

@@ -362,9 +362,6 @@ def export_rows(
         rate=rate,
     )
 
-    async def body(input: Any, step: Step, ctx: JobContext) -> ExportReport:
-        return await declared.body(input, step, ctx)
-
     options = JobOptions(
         name=name,
         input=input,
@@ -377,7 +374,7 @@ def export_rows(
         on_settled=on_settled,
         registry=registry,
     )
-    return declare("export_rows", options, problems, body, site)
+    return declare("export_rows", options, problems, declared.body, site)
 
 
 __all__ = [

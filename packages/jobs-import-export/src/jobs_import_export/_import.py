@@ -378,9 +378,6 @@ def import_rows(
         max_row_errors=max_row_errors,
     )
 
-    async def body(input: Any, step: Step, ctx: JobContext) -> ImportReport:
-        return await declared.body(input, step, ctx)
-
     options = JobOptions(
         name=name,
         input=input,
@@ -393,7 +390,7 @@ def import_rows(
         on_settled=on_settled,
         registry=registry,
     )
-    return declare("import_rows", options, problems, body, site)
+    return declare("import_rows", options, problems, declared.body, site)
 
 
 __all__ = [
