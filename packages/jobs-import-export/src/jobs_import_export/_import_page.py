@@ -1,9 +1,9 @@
 """One page of an import: bytes in, batches of validated rows and refusals out.
 
 Pure (no I/O, no clock): :class:`Page` takes the bytes read at a checkpoint and yields
-:class:`Batch` objects of at most ``batch`` records each, lazily, so a page holds its bytes plus
-one batch of rows, whatever the rows' size. The import's step drives it from a worker thread, one
-batch per hop, and hands each batch's rows to ``handle`` in between.
+:class:`Batch` objects of at most ``batch`` records each, lazily, so a page holds its bytes, its
+text and one batch of rows, whatever the file's size. The import's page step runs it on a worker
+thread and hands each batch's rows to ``handle`` before the next is made.
 
 A refused row becomes a :class:`Refusal` ``(line, field, code)``: the physical line the record
 starts on, the column (``None`` for the record as a whole) and a code, which is a format rule of
