@@ -1,11 +1,11 @@
 """The test matrix: lint, typing, each package's tests, and the demo.
 
 ``nox`` runs the default sessions (``nox.options.sessions`` below: lint, typecheck, the core
-tests, then each driver's tests and conformance, jobs-webhooks' tests, and ``pg-restart`` last,
-which restarts the local PostgreSQL server); ``nox -s demo`` runs the demo. Each driver package
-adds a ``conformance-<driver>`` session that runs the jobs-conformance suite against its driver
-(its tests' conftest opts in; ``-m conformance``). Every tool and test dependency is pinned once, in
-``PINS``, so sessions never disagree.
+tests, then each driver's tests and conformance, jobs-webhooks' and jobs-import-export's tests,
+and ``pg-restart`` last, which restarts the local PostgreSQL server); ``nox -s demo`` runs the
+demo. Each driver package adds a ``conformance-<driver>`` session that runs the jobs-conformance
+suite against its driver (its tests' conftest opts in; ``-m conformance``). Every tool and test
+dependency is pinned once, in ``PINS``, so sessions never disagree.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ PINS = {
     "uvicorn": "uvicorn==0.54.0",
     "standardwebhooks": "standardwebhooks==1.1.0",
     "fastapi": "fastapi==0.163.2",
+    "moto": "moto[server]==5.2.5",
 }
 
 CORE = "packages/jobs-core"
@@ -37,6 +38,7 @@ CONFORMANCE = "conformance"
 REDIS = "packages/jobs-redis"
 PG = "packages/jobs-pg"
 WEBHOOKS = "packages/jobs-webhooks"
+IMPORT_EXPORT = "packages/jobs-import-export"
 
 # The OpenTelemetry SDK (with its in-memory exporter) checks the optional tracing; jobs-core
 # itself needs only the API, and only when installed with the ``otel`` extra.
@@ -58,6 +60,7 @@ nox.options.sessions = [
     "tests-pg",
     "conformance-pg",
     "tests-webhooks",
+    "tests-import-export",
     # Last: it restarts the PostgreSQL server.
     "pg-restart",
 ]
@@ -89,6 +92,7 @@ def typecheck(session: nox.Session) -> None:
     session.install("-e", REDIS, PINS["redis"], PINS["hiredis"])
     session.install("-e", PG)
     session.install("-e", WEBHOOKS)
+    session.install("-e", IMPORT_EXPORT)
     session.run("mypy")
 
 
@@ -175,6 +179,17 @@ def tests_webhooks(session: nox.Session) -> None:
     session.run("pytest", f"{WEBHOOKS}/tests", "-m", "not slow", "-q", *session.posargs)
 
 
+@nox.session(name="tests-import-export", python=PYTHON)
+def tests_import_export(session: nox.Session) -> None:
+    """Run jobs-import-export's tests (S3 on a local moto server, the SIGKILL test on PostgreSQL).
+
+    The tests start a moto S3 server (``moto[server]``) on a free 127.0.0.1 port and reach it over
+    HTTP; the SIGKILL test's workers use PostgreSQL at 127.0.0.1:5432 (fails if it is down).
+    """
+    session.install("-e", CORE, "-e", PG, "-e", IMPORT_EXPORT, PINS["moto"], *TEST_DEPS)
+    session.run("pytest", f"{IMPORT_EXPORT}/tests", "-m", "not slow", "-q", *session.posargs)
+
+
 @nox.session(name="pg-restart", python=PYTHON)
 def pg_restart(session: nox.Session) -> None:
     """Restart PostgreSQL under a running worker (jobs-pg's ``slow`` tests): run it alone."""
@@ -215,14 +230,15 @@ BENCH_PEERS = [
 def bench(session: nox.Session) -> None:
     """Run the benchmarks in bench/ (``nox -s bench -- --quick``; ``--peers`` adds the peers).
 
-    Installs jobs-core and, when their packages exist, jobs-pg, jobs-redis and jobs-webhooks
-    (editable), the floors' clients, uvicorn and the profiler; the pinned peers only when
-    ``--peers`` is passed. ``--webhooks`` runs the webhook figures instead (bench/webhooks.py).
+    Installs jobs-core and, when their packages exist, jobs-pg, jobs-redis, jobs-webhooks and
+    jobs-import-export (editable), the floors' clients, uvicorn and the profiler; the pinned peers
+    only when ``--peers`` is passed. ``--webhooks`` runs the webhook figures instead
+    (bench/webhooks.py), ``--import-export`` the import/export ones (bench/import_export.py).
     """
     from pathlib import Path
 
     packages = ["-e", CORE]
-    for sibling in ("packages/jobs-pg", "packages/jobs-redis", WEBHOOKS):
+    for sibling in ("packages/jobs-pg", "packages/jobs-redis", WEBHOOKS, IMPORT_EXPORT):
         if (Path(sibling) / "pyproject.toml").exists():
             packages += ["-e", sibling]
     session.install(*packages, *BENCH_PINS.values())

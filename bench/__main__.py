@@ -7,6 +7,8 @@ Examples:
     python -m bench --rss --drivers memory,pg    # worker RSS after 100k and 1M jobs (long)
     python -m bench --profile                    # pyinstrument on the memory hot paths
     python -m bench --webhooks --quick           # jobs-webhooks' figures (bench/webhooks.py)
+    python -m bench --import-export              # jobs-import-export: RSS and throughput
+    python -m bench --import-export --instructions  # ... and instructions per row (valgrind)
 """
 
 from __future__ import annotations
@@ -60,6 +62,17 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "--rss-checkpoints", default="100000,1000000", help="job counts to sample RSS at"
     )
     parser.add_argument("--profile", action="store_true", help="profile the memory hot paths")
+    parser.add_argument(
+        "--import-export",
+        action="store_true",
+        help="jobs-import-export: worker RSS importing a 200 MB CSV and exporting 2M rows, "
+        "import throughput against csv.reader + pydantic",
+    )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="with --import-export: also count instructions per row under valgrind (callgrind)",
+    )
     return parser.parse_args(argv)
 
 
@@ -77,6 +90,15 @@ def main(argv: list[str]) -> int:
         from bench.profile import main as profile_main
 
         return profile_main(quick=args.quick)
+    if args.import_export:
+        from bench.import_export import main as import_export_main
+
+        return import_export_main(
+            quick=args.quick,
+            repeat=args.repeat,
+            markdown=args.markdown,
+            instructions=args.instructions,
+        )
     sizes = Sizes.quick() if args.quick else Sizes.full()
     results = Results()
     drivers = []

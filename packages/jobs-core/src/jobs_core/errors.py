@@ -372,6 +372,63 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "Correct every field named: an absolute path, verify and handle functions, max_bytes an int >= 1.",
         "terminal",
     ),
+    # jobs-import-export (packages/jobs-import-export): exports, imports, their storage.
+    ErrorCode(
+        "X_EXPORT_PART_TOO_LARGE",
+        "ExportPartTooLargeError",
+        "One page of an export encoded to more than max_part_bytes; no part was written for it.",
+        "Lower export_rows(batch=...) (the message names the page, its size and the batch) or raise max_part_bytes.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_EXPORT_ROW_INVALID",
+        "ExportRowInvalidError",
+        "row() answered a key that is not in columns, or a value the format cannot hold (the column is named, never the value).",
+        "Make row() answer only the declared columns, with text, numbers, booleans, None, dates, times or UUIDs.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_IMPORT_RECORD_TOO_LARGE",
+        "ImportRecordTooLargeError",
+        "A record of the imported file is longer than max_record_bytes (its line is named).",
+        "Fix the file at that line (an unclosed quote joins every later line into one record) or raise max_record_bytes, keeping page_bytes above it.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_IMPORT_HEADER_MISMATCH",
+        "ImportHeaderMismatchError",
+        "A CSV file's header does not name exactly the declared columns (the missing and undeclared ones are listed), or the file names no columns at all.",
+        "Make the file's first line name exactly the declared columns, in any order, then import it again.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_IMPORT_TOO_MANY_ERRORS",
+        "ImportTooManyErrorsError",
+        "An import refused more rows than max_row_errors allows; the run stopped and its refusals were written.",
+        "Read the errors-NNNNN.ndjson files under the run's error prefix, fix the file and import it again (or raise max_row_errors).",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_IMPORT_SOURCE_CHANGED",
+        "ImportSourceChangedError",
+        "The object being imported answered fewer bytes than the size recorded when its run began.",
+        "Never overwrite an object while it is imported: upload the new file under a new key and import that.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_STORAGE_KEY_INVALID",
+        "StorageKeyInvalidError",
+        "An object key is empty, starts with '/', has an empty, '.' or '..' segment, a control character, or more than 1,024 bytes.",
+        "Build keys from non-empty segments joined by '/', e.g. f'exports/{org_id}/{export_id}'.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_STORAGE_NOT_FOUND",
+        "StorageNotFoundError",
+        "The object to import does not exist in the source.",
+        "Upload the object before enqueueing its import, or correct key(input); then jobsctl retry ID.",
+        "terminal",
+    ),
 )
 
 _BY_CODE: dict[str, ErrorCode] = {entry.code: entry for entry in ERROR_CODES}
@@ -693,6 +750,54 @@ class WebhookReceiverInvalidError(JobsError):
     """A webhook_receiver declaration has missing or bad fields."""
 
     code = "X_WEBHOOK_RECEIVER_INVALID"
+
+
+class ExportPartTooLargeError(JobsError):
+    """One page of an export encoded to more than max_part_bytes; no part was written for it."""
+
+    code = "X_EXPORT_PART_TOO_LARGE"
+
+
+class ExportRowInvalidError(JobsError):
+    """row() answered a key not in columns, or a value the format cannot hold."""
+
+    code = "X_EXPORT_ROW_INVALID"
+
+
+class ImportRecordTooLargeError(JobsError):
+    """A record of the imported file is longer than max_record_bytes (its line is named)."""
+
+    code = "X_IMPORT_RECORD_TOO_LARGE"
+
+
+class ImportHeaderMismatchError(JobsError):
+    """A CSV file's header does not name exactly the declared columns, or names none at all."""
+
+    code = "X_IMPORT_HEADER_MISMATCH"
+
+
+class ImportTooManyErrorsError(JobsError):
+    """An import refused more rows than max_row_errors allows; its refusals were written."""
+
+    code = "X_IMPORT_TOO_MANY_ERRORS"
+
+
+class ImportSourceChangedError(JobsError):
+    """The object being imported answered fewer bytes than the size recorded at the start."""
+
+    code = "X_IMPORT_SOURCE_CHANGED"
+
+
+class StorageKeyInvalidError(JobsError):
+    """An object key is empty, absolute, has an empty, '.' or '..' segment, or is malformed."""
+
+    code = "X_STORAGE_KEY_INVALID"
+
+
+class StorageNotFoundError(JobsError):
+    """The object to import does not exist in the source."""
+
+    code = "X_STORAGE_NOT_FOUND"
 
 
 ERROR_CLASSES: dict[str, type[JobsError]] = {cls.code: cls for cls in JobsError.__subclasses__()}
