@@ -39,6 +39,7 @@ from jobs_core.serialization import NotJSONError, to_json_form
 from jobs_core.tenancy import Actor, crossing_reason, current_actor
 from jobs_core.types import (
     MAX_ENQUEUE_BATCH,
+    ON_SETTLED_TIMEOUT_MS,
     UNWIND_MARGIN,
     EnqueueRequest,
     EnqueueResult,
@@ -692,7 +693,7 @@ def job(
     event_poll: Duration | None = None,
     compensates: bool = False,
     on_settled: Callable[[Settled], Any] | None = None,
-    on_settled_timeout: Duration = "30s",
+    on_settled_timeout: Duration = ON_SETTLED_TIMEOUT_MS,
     registry: JobRegistry | None = None,
 ) -> Callable[[Callable[..., Any]], JobHandle[Any, Any]]:
     """Declare a job; decorate ``async def body(input, step, ctx)`` (or a plain ``def``).
@@ -711,7 +712,8 @@ def job(
             bus that wakes waiters).
         compensates: allow ``step.run(..., compensate=fn)``; rows get 2 extra attempts to unwind.
         on_settled: hook told once per ending.
-        on_settled_timeout: ceiling across the hook's tries (default 30 s).
+        on_settled_timeout: ceiling across the hook's tries (default ``ON_SETTLED_TIMEOUT_MS``,
+            30 s).
         registry: the registry to join (default :data:`REGISTRY`).
 
     Returns:
@@ -813,7 +815,7 @@ def job(
             event_poll_ms=event_poll_ms,
             compensates=compensates,
             on_settled=on_settled,
-            on_settled_timeout_ms=settled_timeout_ms or 30_000,
+            on_settled_timeout_ms=settled_timeout_ms or ON_SETTLED_TIMEOUT_MS,
             registry=registry if isinstance(registry, JobRegistry) else REGISTRY,
         )
         handle.registry.register(handle)

@@ -562,9 +562,54 @@ class WorkerInfo:
 BULK_LIMIT = 1_000
 """The most rows one bulk operator call touches."""
 
-MAX_COUNTER_ROWS = 4_176
+ON_SETTLED_TIMEOUT_MS = 30_000
+"""The ``on_settled`` hook's ceiling across every try, unless the job declares
+``on_settled_timeout``."""
+
+PROGRESS_INTERVAL_MS = 1_000
+"""``ctx.progress`` writes at most once per this many milliseconds per run, plus the last one
+before the settle."""
+
+MAX_WORKER_IN_FLIGHT = 100
+"""The most in-flight job ids one worker registry row carries."""
+
+DEFAULT_EVENT_POLL_MS = 30_000
+"""How long a waiting step parks between checks on a bus that does not wake waiters."""
+
+WAKING_EVENT_POLL_MS = 15 * 60_000
+"""The backstop park of a waiting step on a bus that wakes waiters (and the timeout's clock)."""
+
+CounterTier = Literal["1m", "5m", "1h"]
+
+
+@dataclass(frozen=True, slots=True)
+class CounterTierSpec:
+    """One tier of the outcome counters.
+
+    Attributes:
+        tier: its name (``1m``, ``5m``, ``1h``).
+        width_ms: how long one bucket of it spans.
+        kept_ms: how long its buckets are kept before they fold into the next tier (or, for the
+            last tier, are dropped).
+    """
+
+    tier: CounterTier
+    width_ms: int
+    kept_ms: int
+
+
+COUNTER_TIERS: tuple[CounterTierSpec, ...] = (
+    CounterTierSpec("1m", 60_000, 24 * 3_600_000),
+    CounterTierSpec("5m", 5 * 60_000, 7 * 24 * 3_600_000),
+    CounterTierSpec("1h", 3_600_000, 30 * 24 * 3_600_000),
+)
+"""The counter tiers, finest first: 1-minute buckets for 24 h, 5-minute for 7 d, 1-hour for 30 d.
+Buckets are aligned on the Unix epoch; the scheduler leader folds them (``rollup``) once a minute.
+"""
+
+MAX_COUNTER_ROWS = sum(spec.kept_ms // spec.width_ms for spec in COUNTER_TIERS)
 """The most counter buckets kept per job name: 24 h of 1-minute buckets (1,440), 7 d of 5-minute
-buckets (2,016) and 30 d of 1-hour buckets (720)."""
+buckets (2,016) and 30 d of 1-hour buckets (720): 4,176."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -579,9 +624,6 @@ class BulkResult:
 
     affected: int
     remaining: int
-
-
-CounterTier = Literal["1m", "5m", "1h"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,7 +53,14 @@ from jobs_core.execute import Attempt, AttemptEnv, Outcome, execute, hand_back
 from jobs_core.job import REGISTRY, JobRegistry
 from jobs_core.limits import LimitGate, Limits
 from jobs_core.metrics import JobsMetrics
-from jobs_core.types import BuriedJob, ClaimedJob, ClaimRequest, JobState, WorkerInfo
+from jobs_core.types import (
+    MAX_WORKER_IN_FLIGHT,
+    BuriedJob,
+    ClaimedJob,
+    ClaimRequest,
+    JobState,
+    WorkerInfo,
+)
 
 _log = logging.getLogger("jobs.worker")
 
@@ -529,7 +536,7 @@ class Worker:
             started_at=self._started_at,
             queues=tuple(self.queues),
             slots=self.capacity,
-            in_flight=tuple(job_id for job_id, _ in islice(self._held, 100)),
+            in_flight=tuple(job_id for job_id, _ in islice(self._held, MAX_WORKER_IN_FLIGHT)),
             draining_at=self._draining_at,
         )
         try:

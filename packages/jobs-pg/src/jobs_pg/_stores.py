@@ -30,6 +30,7 @@ from jobs_core.errors import (
 )
 from jobs_core.ids import new_id
 from jobs_core.types import (
+    COUNTER_TIERS,
     LIVE_STATES,
     MAX_COUNTER_ROWS,
     MAX_JOB_PAGE,
@@ -69,11 +70,15 @@ EnqueueOn = Callable[[Any, Sequence[EnqueueRequest]], Awaitable[list[EnqueueResu
 LEASE_LOCK_NAMESPACE = "jobs-pg.lease"
 """The first key of a lease's advisory lock (the second is the lease key)."""
 
-_TIERS: tuple[tuple[CounterTier, CounterTier | None, int, int], ...] = (
+_TIERS: tuple[tuple[CounterTier, CounterTier | None, int, int], ...] = tuple(
     # tier, the tier it folds into, the width of a bucket there (s), how long the tier is kept (s)
-    ("1m", "5m", 300, 24 * 3600),
-    ("5m", "1h", 3600, 7 * 24 * 3600),
-    ("1h", None, 3600, 30 * 24 * 3600),
+    (
+        spec.tier,
+        parent.tier if parent is not None else None,
+        (parent or spec).width_ms // 1000,
+        spec.kept_ms // 1000,
+    )
+    for spec, parent in zip(COUNTER_TIERS, (*COUNTER_TIERS[1:], None), strict=True)
 )
 
 
