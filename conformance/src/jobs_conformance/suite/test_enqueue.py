@@ -1,4 +1,4 @@
-"""Enqueue: ids, dedupe of live keys, explicit ids, batches, due instants, NUL refusal."""
+"""Enqueue: ids, run ids, dedupe of live keys, explicit ids, batches, due instants, NUL refusal."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from jobs_core.errors import (
     JobDuplicateError,
     JobInputInvalidError,
     JobOptionsInvalidError,
+    JobRunIdTakenError,
     JobsError,
 )
-from jobs_core.types import Fence, NackOptions, Settle
+from jobs_core.ids import new_id
+from jobs_core.types import Fence, NackOptions, Settle, StepRecord, StepWrite
 
 
 async def test_enqueue_answers_the_requested_ids(target: Target) -> None:
@@ -99,6 +101,61 @@ async def test_an_explicit_id_meets_its_row_live_or_finished(target: Target) -> 
     assert (finished.id, finished.run_id, finished.deduped) == (first.id, first.run_id, True)
     assert state_counts(await driver.stats()) == {"done": 1}
     assert await claim(driver) == []
+
+
+async def test_a_run_id_belongs_to_one_job(target: Target) -> None:
+    """A new job naming a run id another job holds or held is refused, naming that job.
+
+    Steps are keyed by run id: a new job on an old run would answer the old run's step outputs
+    (a new checkout answered with the old charge, never charging). A re-publish of the same job
+    id is not a reuse, and a batch with a refused request queues nothing.
+    """
+    driver = target.driver
+    old = request("checkout-1")
+    await driver.enqueue(old)
+    [held] = await claim(driver)
+    charged = StepRecord("charge", "completed", output={"charge": "ch_1"})
+    assert await driver.steps.write(StepWrite(held.id, held.fence, held.run_id, charged))
+    assert await driver.ack(held.id, Settle(held.fence))
+    with pytest.raises(JobRunIdTakenError) as raised:
+        await driver.enqueue(request("checkout-2", run_id=old.run_id))
+    assert raised.value.code == "X_JOB_RUN_ID_TAKEN"
+    assert raised.value.meta["holder"] == str(old.id)
+    assert str(old.id) in str(raised.value)
+    live = request("live")
+    await driver.enqueue(live)
+    with pytest.raises(JobRunIdTakenError) as in_batch:
+        await driver.enqueue_many([request("x"), request("y", run_id=live.run_id)])
+    assert in_batch.value.meta["holder"] == str(live.id)
+    twin = new_id()
+    with pytest.raises(JobRunIdTakenError):
+        await driver.enqueue_many([request("p", run_id=twin), request("q", run_id=twin)])
+    assert state_counts(await driver.stats()) == {"ready": 1, "done": 1}, (
+        "a refused batch queues nothing"
+    )
+    again = await driver.enqueue(request("checkout-1", job_id=old.id, run_id=old.run_id))
+    assert (again.id, again.run_id, again.deduped) == (old.id, old.run_id, True)
+    deduped = await driver.enqueue(request("live", run_id=old.run_id))
+    assert (deduped.id, deduped.deduped) == (live.id, True), "a deduped request inserts nothing"
+
+    class Checkout(BaseModel):
+        order: str
+
+    registry = JobRegistry()
+
+    @job(
+        input=Checkout,
+        idempotency_key=lambda c: c.order,
+        tenant="none",
+        name="conformance.checkout",
+        registry=registry,
+    )
+    async def checkout(input: Checkout, step: object, ctx: object) -> None:
+        """Never run: the test only enqueues."""
+
+    with use_driver(driver), pytest.raises(JobRunIdTakenError):
+        await checkout.enqueue(Checkout(order="o-2"), run_id=old.run_id)
+    assert state_counts(await driver.stats()) == {"ready": 1, "done": 1}
 
 
 async def test_on_conflict_error_through_the_facade(target: Target) -> None:

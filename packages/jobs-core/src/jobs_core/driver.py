@@ -29,6 +29,7 @@ from uuid import UUID
 from jobs_core.errors import (
     DriverRequestInvalidError,
     DriverUnknownError,
+    JobRunIdTakenError,
     NotImplementedByDriverError,
 )
 from jobs_core.types import (
@@ -100,6 +101,36 @@ def check_enqueue_request(req: EnqueueRequest) -> None:
         )
 
 
+def check_run_ids(reqs: Sequence[EnqueueRequest]) -> None:
+    """Refuse a batch in which two jobs share a run id: every driver calls this in ``enqueue_many``.
+
+    A run id belongs to one job (its steps are keyed by it); the same id twice in one batch (a
+    re-publish) is one job, not a reuse.
+
+    Raises:
+        JobRunIdTakenError: ``X_JOB_RUN_ID_TAKEN`` naming both job ids.
+    """
+    if len(reqs) < 2:
+        return
+    owners: dict[UUID, UUID] = {}
+    for req in reqs:
+        owner = owners.setdefault(req.run_id, req.id)
+        if owner != req.id:
+            raise run_id_taken(req, owner)
+
+
+def run_id_taken(req: EnqueueRequest, holder: UUID | str) -> JobRunIdTakenError:
+    """Answer the refusal of ``req``, whose run id the job ``holder`` holds or held."""
+    return JobRunIdTakenError(
+        f"{req.name}: run id {req.run_id} belongs to job {holder}, not to the new job {req.id}; "
+        "omit run_id= to mint one",
+        job=req.name,
+        job_id=str(req.id),
+        run_id=str(req.run_id),
+        holder=str(holder),
+    )
+
+
 @runtime_checkable
 class StepStore(Protocol):
     """Step records, kept with the queue (one store, one transaction boundary).
@@ -147,9 +178,13 @@ class JobDriver(Protocol):
         its ids with ``deduped=True`` and insert nothing. A request whose ``id`` names an existing
         row (live or finished) answers that row with ``deduped=True``. A row with ``run_at`` (or
         ``delay_ms``) in the future is ``delayed``, else ``ready``; a past ``run_at`` is due now.
+        A run id belongs to one job: a request that would insert a row whose ``run_id`` another
+        row holds (live or finished) is refused.
 
         Raises:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``, nothing was queued.
+            JobRunIdTakenError: ``X_JOB_RUN_ID_TAKEN`` (see :func:`run_id_taken`), nothing
+                was queued.
         """
         ...
 
@@ -157,7 +192,8 @@ class JobDriver(Protocol):
         """Queue many rows with :meth:`enqueue`'s semantics, in one round trip per 1,000.
 
         Answers in input order; a later request in the batch whose key matches an earlier one
-        answers the earlier row with ``deduped=True``.
+        answers the earlier row with ``deduped=True``. All or none: a request refused (its run
+        id taken, see :func:`check_run_ids`) queues nothing of the batch.
         """
         ...
 

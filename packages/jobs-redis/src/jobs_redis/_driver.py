@@ -61,6 +61,8 @@ from jobs_core.driver import (
     StepResolution,
     StepStore,
     check_enqueue_request,
+    check_run_ids,
+    run_id_taken,
 )
 from jobs_core.errors import (
     DriverRequestInvalidError,
@@ -1026,12 +1028,16 @@ class RedisDriver:
                 request has an empty name, queue or idempotency key, ``max_attempts`` below 1, a
                 naive ``run_at``, a delay out of range, or an input that is not JSON (or holds a
                 NUL character).
+            JobRunIdTakenError: ``X_JOB_RUN_ID_TAKEN``, inserting nothing of the request's
+                chunk of 1,000, for a request that would insert a row under a run id another job
+                holds (its row, or its steps within ``done_ttl``), or two requests sharing one.
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` at once when the server cannot be
                 reached; nothing was queued.
         """
         rows = [self._row_args(req) for req in reqs]
         if not rows:
             return []
+        check_run_ids(reqs)
         calls: list[tuple[Sequence[str], Sequence[Any]]] = [
             (
                 [self._keys.seq],
@@ -1045,6 +1051,9 @@ class RedisDriver:
             if len(calls) == 1
             else await self._conn.run_all(script, calls)
         )
+        for offset, reply in zip(range(0, len(reqs), ENQUEUE_CHUNK), replies, strict=True):
+            if reply and reply[0] == "run-id-taken":
+                raise run_id_taken(reqs[offset + int(reply[1]) - 1], reply[2])
         flat = [v for reply in replies for v in reply]
         return [
             # An inserted row answers the request's own ids: only a deduped one needs parsing.

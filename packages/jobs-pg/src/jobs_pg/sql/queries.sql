@@ -19,9 +19,10 @@ AND (%(f_to)s::timestamptz IS NULL OR j.created_at < %(f_to)s)
 
 -- name: enqueue
 -- Inserts up to 1,000 rows in one statement. ON CONFLICT DO NOTHING covers the primary key (an
--- explicit id that already names a row) and the live-key index (dedupe); the final SELECT answers
--- each request that inserted nothing with the row that holds it: the row its id names, the live
--- row holding its key, or an earlier request of this batch with the same key. A request answered
+-- explicit id that already names a row), the live-key index (dedupe) and the run id index; the
+-- final SELECT answers each request that inserted nothing with the row that holds it: the row its
+-- id names, the live row holding its key, or an earlier request of this batch with the same key;
+-- one whose run id another row holds raises X_JOB_RUN_ID_TAKEN instead. A request answered
 -- by nothing lost a race with a transaction that committed after this statement's snapshot; the
 -- driver runs those again. Due rows wake their queues through the throttle (wake()).
 -- The requests come as one JSON array of objects keyed by column (a JSON null input comes out
@@ -70,7 +71,7 @@ woken AS (
 -- its row is the id and run id it brought.
 SELECT NULL::bigint, NULL::uuid, NULL::uuid, (SELECT notified FROM woken)
 UNION ALL
-(SELECT r.ord, coalesce(e.id, k.id, b.id), coalesce(e.run_id, k.run_id, b.run_id), NULL
+(SELECT r.ord, coalesce(e.id, k.id, b.id, x.id), coalesce(e.run_id, k.run_id, b.run_id), NULL
 FROM req r
 -- Each lookup is a LIMIT 1 lateral: the planner cannot turn it into a hash join over the whole
 -- table (a plan cached while the table was small would scan it at every enqueue).
@@ -92,6 +93,13 @@ LEFT JOIN LATERAL (
       AND b.idempotency_key = r.idempotency_key
     LIMIT 1
 ) b ON true
+-- A request that met neither its id nor a live key inserted nothing because another row holds
+-- its run id: run_id_taken() raises, and the whole statement inserts nothing (migration 0005).
+LEFT JOIN LATERAL (
+    SELECT {schema}.run_id_taken(r.run_id, x.id) AS id FROM {schema}.jobs x
+    WHERE e.id IS NULL AND k.id IS NULL AND b.id IS NULL AND x.run_id = r.run_id
+    LIMIT 1
+) x ON true
 WHERE NOT EXISTS (SELECT 1 FROM inserted i WHERE i.id = r.id)
 ORDER BY r.ord)
 

@@ -9,13 +9,16 @@
 --          tenant (optional), max_attempts, run_at (µs since the epoch, "" for none), delay_ms,
 --          traceparent (optional), enqueued_by (optional), live-key field.
 --          An optional value is "" for None, else "=" followed by the text.
--- Reply:   3 values per row, in input order: id, run_id, 1 when deduped else 0.
+-- Reply:   3 values per row, in input order: id, run_id, 1 when deduped else 0; or, writing
+--          nothing, { "run-id-taken", position (1-based), the holding job's id }.
 --
 -- A request whose id names a row (live or finished) answers it; else one whose live key is held
 -- (by an earlier row of this call too) answers the holder; else a row is inserted. Its run_at is
 -- the request's (a past one is stored as the server's now) or now plus delay_ms; it is "delayed"
 -- when run_at is in the future, else "ready". Each queue that received a ready row is published
--- once on <base>wake.
+-- once on <base>wake. A run id belongs to one job: an inserted row records its id in its run's
+-- steps hash (<base>s:<run_id>, field "#job", which expires with the row's steps), and a request
+-- that would insert a row under a run id another job recorded refuses the whole call.
 
 local base = ARGV[1]
 local n = tonumber(ARGV[2])
@@ -25,6 +28,22 @@ local now_s = string.format('%.0f', now)
 local live = base .. 'live'
 local reply = {}
 local woken = {}
+
+-- First pass: which requests insert, and is any of their run ids another job's? Nothing is
+-- written until every request passed.
+local batch_keys = {}
+for i = 0, n - 1 do
+  local o = 3 + i * 13
+  local id, run_id, lk = ARGV[o], ARGV[o + 1], ARGV[o + 12]
+  if redis.call('EXISTS', base .. 'j:' .. id) == 0 and not batch_keys[lk]
+      and not redis.call('HGET', live, lk) then
+    batch_keys[lk] = true
+    local owner = redis.call('HGET', base .. 's:' .. run_id, '#job')
+    if owner and owner ~= id then
+      return { 'run-id-taken', i + 1, owner }
+    end
+  end
+end
 
 for i = 0, n - 1 do
   local o = 3 + i * 13
@@ -59,6 +78,7 @@ for i = 0, n - 1 do
       'updated', now_s, 'err', '', 'errc', '', 'errs', '', 'result', 'null',
       'tp', ARGV[o + 10], 'eb', ARGV[o + 11], 'state', state, 'm', m, 'lk', lk)
     redis.call('HSET', live, lk, id)
+    redis.call('HSET', base .. 's:' .. run_id, '#job', id)
     redis.call('SADD', base .. 'queues', queue)
     redis.call('ZADD', base .. 'q:' .. queue .. ':r', string.format('%.0f', run_at), m)
     if state == 'ready' then woken[queue] = true end
