@@ -59,6 +59,7 @@ def test_a_job_without_on_settled_timeout_gets_the_constant(registry: JobRegistr
 
 def test_the_memory_counters_fold_by_the_tiers() -> None:
     tiers = {t.tier: t for t in COUNTER_TIERS}
-    assert memory._TIER_WIDTH == {k: timedelta(milliseconds=t.width_ms) for k, t in tiers.items()}
-    assert memory._TIER_KEPT == {k: timedelta(milliseconds=t.kept_ms) for k, t in tiers.items()}
+    widths = {k: timedelta(milliseconds=t.width_ms) for k, t in tiers.items()}
+    kept = {k: timedelta(milliseconds=t.kept_ms) for k, t in tiers.items()}
+    assert (widths, kept) == (memory._TIER_WIDTH, memory._TIER_KEPT)
     assert memory._TIER_PARENT == {"1m": "5m", "5m": "1h", "1h": None}

@@ -58,7 +58,8 @@ DECLARED_TABLES = {
         "id uuid!, name text!, queue text!, input jsonb!, idempotency_key text!,"
         "tenant_id text, max_attempts int4!, run_id uuid!, run_at timestamptz!,"
         "traceparent text, enqueued_by text, staged_at timestamptz!, claimed_at timestamptz,"
-        "claimed_by text, claim_expires_at timestamptz, published_at timestamptz"
+        "claimed_by text, claim_expires_at timestamptz, published_at timestamptz,"
+        "order_key text"
     ),
     "paused_queues": ("queue text!, paused_at timestamptz!"),
     "paused_tasks": ("task text!, paused_at timestamptz!"),
@@ -89,6 +90,8 @@ DECLARED_INDEXES = {
     "events_find": "(name, published_at, seq)",
     "events_expiry": "(expires_at)",
     "outbox_unpublished": "(staged_at, id) WHERE (published_at IS NULL)",
+    "outbox_held": "(claim_expires_at) WHERE ((published_at IS NULL) AND "
+    "(claim_expires_at IS NOT NULL))",
     "backfills_name": "(name, started_at)",
 }
 

@@ -277,6 +277,61 @@ async def test_nul_is_refused_before_anything_is_written(target: Target) -> None
     assert state_counts(await driver.stats()) == {}
 
 
+async def test_lone_surrogates_are_refused_alike_and_never_quoted(target: Target) -> None:
+    """A lone surrogate (U+D800..U+DFFF) anywhere is refused before anything is written.
+
+    No UTF-8 encodes one: Postgres refused it with a message quoting the payload around it, the
+    memory and Redis drivers stored it (Redis as a raw ``UnicodeEncodeError`` in a key). Every
+    driver now answers ``X_DRIVER_REQUEST_INVALID`` naming the field, and the facade
+    ``X_JOB_INPUT_INVALID``; neither quotes a value.
+    """
+    driver = target.driver
+    secret = "s3cr3t-payload"
+    for bad, field in [
+        (request("k", payload={"text": f"{secret}\ud800"}), "input"),
+        (request("k", payload=[secret, "\udc00"]), "input"),
+        (request(f"{secret}\ud800"), "idempotency_key"),
+        (request("k", tenant=f"{secret}\udfff"), "tenant_id"),
+        (request("k", queue="q\ud800"), "queue"),
+    ]:
+        with pytest.raises(JobsError) as raised:
+            await driver.enqueue(bad)
+        assert raised.value.code == "X_DRIVER_REQUEST_INVALID", field
+        assert raised.value.meta.get("field") == field
+        assert secret not in str(raised.value)
+        with pytest.raises(JobsError):
+            await driver.enqueue_many([request("ok"), bad])
+    assert state_counts(await driver.stats()) == {}
+    astral = await driver.enqueue(request("emoji", payload={"text": "ok \U0001f600"}))
+    [claimed] = await claim(driver)
+    assert (claimed.id, claimed.input) == (astral.id, {"text": "ok \U0001f600"})
+
+    class Note(BaseModel):
+        key: str
+        text: str = ""
+
+    registry = JobRegistry()
+
+    @job(
+        input=Note,
+        idempotency_key=lambda n: n.key,
+        tenant="none",
+        name="conformance.surrogate",
+        registry=registry,
+    )
+    async def note(input: Note, step: object, ctx: object) -> None:
+        """Never run: the test only enqueues."""
+
+    with use_driver(driver):
+        with pytest.raises(JobInputInvalidError) as facade:
+            await note.enqueue(Note(key="k", text=f"{secret}\ud800"))
+        assert facade.value.meta["path"] == "$.text"
+        assert secret not in str(facade.value)
+        with pytest.raises(JobInputInvalidError):
+            await note.enqueue(Note(key="k\ud800"))
+    assert state_counts(await driver.stats()) == {"running": 1}
+
+
 async def test_stale_fence_cannot_settle_a_row_enqueued_again(target: Target) -> None:
     """After a row finished and its key was queued again, the old claim settles nothing."""
     driver = target.driver

@@ -32,6 +32,7 @@ from jobs_core.errors import (
     JobRunIdTakenError,
     NotImplementedByDriverError,
 )
+from jobs_core.serialization import text_problem
 from jobs_core.types import (
     BulkResult,
     ClaimedJob,
@@ -77,11 +78,24 @@ def check_enqueue_request(req: EnqueueRequest) -> None:
 
     Raises:
         DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty ``name``,
-            ``queue`` or ``idempotency_key`` (all named in ``fields``), or ``max_attempts``
-            below 1.
+            ``queue`` or ``idempotency_key`` (all named in ``fields``), ``max_attempts`` below 1,
+            or text holding U+0000 or a lone surrogate (Postgres refuses both; no UTF-8 encodes
+            a surrogate, so Redis's client could not send it), naming the field.
     """
-    if req.name and req.queue and req.idempotency_key and req.max_attempts >= 1:
-        return  # the common case builds nothing
+    # One string, one scan: the common case (plain ASCII text) costs ~0.1 µs.
+    joined = (
+        f"{req.name}{req.queue}{req.idempotency_key}{req.tenant_id or ''}"
+        f"{req.enqueued_by or ''}{req.traceparent or ''}{req.order_key or ''}"
+    )
+    if (
+        req.name
+        and req.queue
+        and req.idempotency_key
+        and req.max_attempts >= 1
+        and joined.isascii()
+        and "\x00" not in joined
+    ):
+        return
     empty = [
         what
         for what, value in (
@@ -99,6 +113,18 @@ def check_enqueue_request(req: EnqueueRequest) -> None:
         raise DriverRequestInvalidError(
             f"max_attempts must be >= 1, got {req.max_attempts}", job=req.name
         )
+    for what, text in (
+        ("name", req.name),
+        ("queue", req.queue),
+        ("idempotency_key", req.idempotency_key),
+        ("tenant_id", req.tenant_id),
+        ("enqueued_by", req.enqueued_by),
+        ("traceparent", req.traceparent),
+        ("order_key", req.order_key),
+    ):
+        problem = None if text is None else text_problem(text)
+        if problem is not None:
+            raise DriverRequestInvalidError(f"{what} {problem}", field=what)
 
 
 def check_run_ids(reqs: Sequence[EnqueueRequest]) -> None:
@@ -508,6 +534,11 @@ class OutboxStore(Protocol):
 
     ``tx`` is the store's transaction handle (the pg store takes a psycopg connection inside a
     transaction; the memory store its own :class:`~jobs_core.outbox.MemoryTransaction`).
+
+    Optional members, used when present: ``stage_many(reqs, tx)`` (see :class:`OutboxStageMany`;
+    absent, the facade stages one by one) and ``relay_lease`` (a :class:`LeaderLease` that one
+    relay at a time holds, so a second one takes over only when it lapses; absent, relays claim
+    side by side and only the claim rule keeps each lane in order).
     """
 
     def ambient(self) -> Any | None:
@@ -518,14 +549,14 @@ class OutboxStore(Protocol):
         """Write ``req`` into the outbox on ``tx``; it commits and rolls back with ``tx``."""
         ...
 
-    async def stage_many(self, reqs: Sequence[EnqueueRequest], tx: Any) -> None:
-        """Stage many requests on ``tx`` in one round trip per 1,000."""
-        ...
-
     async def claim(self, req: OutboxClaim) -> list[OutboxRow]:
-        """Take up to ``req.limit`` committed, unpublished rows whose claim is free or lapsed.
+        """Take up to ``req.limit`` committed, unpublished rows, in ``(staged_at, id)`` order.
 
-        Answers them in ``(staged_at, id)`` order, each carrying this claim's token.
+        A row is taken only when its claim is free or lapsed AND no unpublished row of its lane
+        (``request.order_key``; rows without one share a lane) staged before it is still held
+        by an unexpired claim (another relay's, or an earlier one of this relay): a relay
+        restarted after a crash never publishes a later row before the rows its predecessor
+        still held. Each taken row carries this claim's token.
         """
         ...
 
@@ -535,6 +566,15 @@ class OutboxStore(Protocol):
 
     async def mark_published(self, ids: Sequence[UUID], token: str) -> int:
         """Mark rows published, fenced on ``token``; answer how many were still this claim's."""
+        ...
+
+
+@runtime_checkable
+class OutboxStageMany(Protocol):
+    """The optional batch form of :meth:`OutboxStore.stage`."""
+
+    async def stage_many(self, reqs: Sequence[EnqueueRequest], tx: Any) -> None:
+        """Stage many requests on ``tx`` (all or none) in one round trip per 1,000."""
         ...
 
 
@@ -665,6 +705,25 @@ class Migratable(Protocol):
     async def migrate(self) -> list[str]:
         """Apply what the backend lacks (safe to call concurrently); answer what was applied."""
         ...
+
+
+async def demand_when_busy(driver: JobDriver, stats: Sequence[QueueStats]) -> dict[str, int]:
+    """Answer ``driver.demand()``, asked only when ``stats`` (just read) show work.
+
+    Demand counts running rows and due, claimable ones; with no ``ready``, ``running`` or
+    ``suspended`` row in any queue it is 0 everywhere, and the driver is not asked (its demand
+    query is the costlier of the two, and idle fleets refresh their gauges all day).
+
+    Args:
+        driver: the driver ``stats`` came from.
+        stats: its ``stats()`` answer.
+
+    Returns:
+        Demand per queue; ``{}`` (0 for every queue) when nothing is waiting or running.
+    """
+    if not any(queue.ready or queue.running or queue.suspended for queue in stats):
+        return {}
+    return await driver.demand()
 
 
 def capability(driver: JobDriver, name: str) -> Any | None:

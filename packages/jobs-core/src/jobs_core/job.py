@@ -35,7 +35,13 @@ from jobs_core.ids import new_id
 from jobs_core.limits import Concurrency
 from jobs_core.outbox import submit_many, submit_one
 from jobs_core.retry import Retry
-from jobs_core.serialization import NotJSONError, to_json_form
+from jobs_core.serialization import (
+    NotJSONError,
+    dump_failure,
+    first_difference,
+    text_problem,
+    to_json_form,
+)
 from jobs_core.tenancy import Actor, crossing_reason, current_actor
 from jobs_core.types import (
     MAX_ENQUEUE_BATCH,
@@ -198,7 +204,9 @@ class JobHandle(Generic[I, R]):
                 payload) in ``meta["issues"]``.
         """
         try:
-            return self.adapter.validate_python(value)
+            # By field name too: the stored form names fields, not their aliases, so a field
+            # with an alias comes back (a body once got the default instead of its value).
+            return self.adapter.validate_python(value, by_alias=True, by_name=True)
         except ValidationError as exc:
             issues = exc.errors(include_url=False, include_input=False, include_context=False)
             raise JobInputInvalidError(
@@ -236,6 +244,7 @@ class JobHandle(Generic[I, R]):
         run_id: UUID | None = None,
         actor: Actor | None = None,
         job_id: UUID | None = None,
+        order_key: str | None = None,
     ) -> EnqueueRequest:
         """Validate one enqueue and answer the request a driver receives; writes nothing.
 
@@ -248,6 +257,7 @@ class JobHandle(Generic[I, R]):
             run_id: name the run instead of minting one.
             actor: the actor of :meth:`enqueue_as`.
             job_id: the job id to use (the outbox allocates it at stage time).
+            order_key: the outbox lane (see :meth:`enqueue`).
 
         Raises:
             JobInputInvalidError: ``X_JOB_INPUT_INVALID``.
@@ -256,25 +266,7 @@ class JobHandle(Generic[I, R]):
             JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` naming the bad option.
         """
         parsed = self.parse_input(input)
-        try:
-            stored = to_json_form(
-                _faithful(
-                    self.adapter.dump_python(parsed, mode="json"),
-                    self.adapter.dump_python(parsed, mode="python"),
-                )
-            )
-        except NotJSONError as exc:
-            raise JobInputInvalidError(
-                f"input of {self.name} has no JSON form at {exc.path}: {exc.reason}",
-                job=self.name,
-                path=exc.path,
-            ) from None
-        except (ValueError, TypeError, RecursionError) as exc:
-            # pydantic's serializer refuses what it cannot dump (undecodable bytes, cycles,
-            # nesting too deep) with plain errors; name the job and keep the payload out.
-            raise JobInputInvalidError(
-                f"input of {self.name} has no JSON form: {type(exc).__name__}", job=self.name
-            ) from None
+        stored = self._stored_form(parsed)
         key = self.idempotency_key(parsed)
         if not isinstance(key, str) or not key or _NUL in key:
             raise IdempotencyRequiredError(
@@ -283,6 +275,7 @@ class JobHandle(Generic[I, R]):
                 "it must be non-empty text without NUL (FIELD-FAILURES C22: no driver stores it)",
                 job=self.name,
             )
+        self._check_text("idempotency_key", key)
         declared = self.tenant_of(parsed)
         row_tenant = self._check_tenant(declared, tenant_id, actor)
         ambient = current_actor()
@@ -298,6 +291,17 @@ class JobHandle(Generic[I, R]):
             raise JobOptionsInvalidError(
                 "queue: must be non-empty text without U+0000 (NUL)", option="queue"
             )
+        if order_key is not None and (not isinstance(order_key, str) or not order_key):
+            raise JobOptionsInvalidError(
+                "order_key: non-empty text naming the outbox lane", option="order_key"
+            )
+        for field, text in (
+            ("tenant_id", row_tenant),
+            ("enqueued_by", enqueued_by),
+            ("queue", target_queue),
+            ("order_key", order_key),
+        ):
+            self._check_text(field, text)
         if run_id is not None and not isinstance(run_id, UUID):
             raise JobOptionsInvalidError("run_id: must be a UUID", option="run_id")
         return EnqueueRequest(
@@ -314,7 +318,81 @@ class JobHandle(Generic[I, R]):
             # The enqueuing span, when OpenTelemetry is installed: the attempt's span is its child.
             traceparent=current_traceparent(),
             enqueued_by=enqueued_by,
+            order_key=order_key,
         )
+
+    def _stored_form(self, parsed: I) -> JSONValue:
+        """Answer the JSON form a row stores for ``parsed``, proven to give ``parsed`` back.
+
+        The worker re-parses the stored form at every attempt, so that is what the body gets.
+        A field typed ``Any`` (or ``dict``, ``list``, ``object``) holding a ``datetime``, a
+        ``set``, ``bytes``, a ``Decimal``, a tuple or a UUID would come back as text or a list:
+        such an input is refused, naming the field, rather than stored as something else.
+
+        Raises:
+            JobInputInvalidError: ``X_JOB_INPUT_INVALID`` naming the field path (``meta["path"]``)
+                and the cause; never a value.
+        """
+        try:
+            live = self.adapter.dump_python(parsed, mode="python")
+            stored = to_json_form(_faithful(self.adapter.dump_python(parsed, mode="json"), live))
+        except NotJSONError as exc:
+            raise JobInputInvalidError(
+                f"input of {self.name} has no JSON form at {exc.path}: {exc.reason}",
+                job=self.name,
+                path=exc.path,
+            ) from None
+        except (ValueError, TypeError, RecursionError) as exc:
+            # pydantic's serializer refuses what it cannot dump (bytes that are not UTF-8,
+            # nesting past its limit) with bare errors: name the place and the cause ourselves.
+            path, cause = dump_failure(parsed) or (
+                "$",
+                f"pydantic cannot dump it ({type(exc).__name__})",
+            )
+            raise JobInputInvalidError(
+                f"input of {self.name} has no JSON form at {_short_path(path)}: {cause}",
+                job=self.name,
+                path=path,
+            ) from None
+        try:
+            again = self.adapter.validate_python(stored, by_alias=True, by_name=True)
+        except ValidationError as exc:
+            issues = exc.errors(include_url=False, include_input=False, include_context=False)
+            raise JobInputInvalidError(
+                f"input of {self.name} does not validate again from its stored JSON form (the "
+                f"body would never get it): {_issue_text(issues)}",
+                job=self.name,
+                issues=[{"loc": list(i["loc"]), "msg": i["msg"]} for i in issues],
+            ) from None
+        if again != parsed:
+            found = first_difference(live, self.adapter.dump_python(again, mode="python"))
+            path, change = found or ("$", "its JSON form validates to another value")
+            raise JobInputInvalidError(
+                f"input of {self.name} is not stored faithfully at {_short_path(path)}: "
+                f"{change}; type the field (a datetime, set, bytes, Decimal, tuple or UUID needs "
+                "a field of that type, not Any, dict, list or object), send JSON values, or make "
+                "its validators give back what they are given",
+                job=self.name,
+                path=path,
+                change=change,
+            )
+        return stored
+
+    def _check_text(self, field: str, value: str | None) -> None:
+        """Refuse text no driver stores alike (a lone surrogate) in ``field``.
+
+        Raises:
+            JobInputInvalidError: ``X_JOB_INPUT_INVALID`` naming ``field`` (never the text).
+        """
+        if value is None or (value.isascii() and _NUL not in value):
+            return
+        problem = text_problem(value)
+        if problem is not None:
+            raise JobInputInvalidError(
+                f"{self.name}: {field} {problem}; send text every driver stores",
+                job=self.name,
+                field=field,
+            )
 
     def _check_tenant(
         self, declared: str | None, explicit: str | None, actor: Actor | None
@@ -373,6 +451,7 @@ class JobHandle(Generic[I, R]):
         run_id: UUID | None = None,
         on_conflict: OnConflict = "dedupe",
         outbox: Any = None,
+        order_key: str | None = None,
     ) -> EnqueueResult:
         """Queue one run of this job on the installed driver, or stage it in the outbox.
 
@@ -389,6 +468,9 @@ class JobHandle(Generic[I, R]):
             outbox: with an outbox installed (:func:`~jobs_core.outbox.install_outbox`), the
                 transaction to stage on; ``None`` stages on the store's ambient transaction if
                 one is open; ``False`` bypasses the outbox and queues directly.
+            order_key: for a staged enqueue, its outbox lane: rows sharing a key are published
+                in staging order even by relays running side by side (``Relay(exclusive=
+                False)``); rows without one share one lane. Ignored when queued directly.
 
         Returns:
             ``EnqueueResult(id, run_id, deduped)``. A staged enqueue answers the ids the job
@@ -414,6 +496,7 @@ class JobHandle(Generic[I, R]):
             queue=queue,
             tenant_id=tenant_id,
             run_id=run_id,
+            order_key=order_key,
         )
 
     async def enqueue_as(
@@ -427,6 +510,7 @@ class JobHandle(Generic[I, R]):
         run_id: UUID | None = None,
         on_conflict: OnConflict = "dedupe",
         outbox: Any = None,
+        order_key: str | None = None,
     ) -> EnqueueResult:
         """Queue on behalf of ``actor``: tenant from ``actor.org_id``, ``enqueued_by`` its id.
 
@@ -442,6 +526,7 @@ class JobHandle(Generic[I, R]):
             queue=queue,
             run_id=run_id,
             actor=actor,
+            order_key=order_key,
         )
 
     def enqueue_sync(
@@ -455,6 +540,7 @@ class JobHandle(Generic[I, R]):
         run_id: UUID | None = None,
         on_conflict: OnConflict = "dedupe",
         outbox: Any = None,
+        order_key: str | None = None,
     ) -> EnqueueResult:
         """:meth:`enqueue` for synchronous code (a sync body, a script, a sync web view).
 
@@ -474,6 +560,7 @@ class JobHandle(Generic[I, R]):
                 run_id=run_id,
                 on_conflict=on_conflict,
                 outbox=outbox,
+                order_key=order_key,
             )
         )
 
@@ -507,6 +594,7 @@ class JobHandle(Generic[I, R]):
         tenant_id: str | None = None,
         on_conflict: OnConflict = "dedupe",
         outbox: Any = None,
+        order_key: str | None = None,
     ) -> list[EnqueueResult]:
         """Queue many runs of this job: one driver round trip per 1,000 inputs.
 
@@ -518,6 +606,7 @@ class JobHandle(Generic[I, R]):
         one ``stage_many``: each input answers its future job ids with ``deduped=False``, except
         one repeating an earlier input's key, which answers that input's ids with
         ``deduped=True``; whether a live row already holds a key is known only at publish.
+        ``order_key`` names the batch's outbox lane, as in :meth:`enqueue`.
 
         Raises:
             EnqueueBatchTooLargeError: ``X_JOB_ENQUEUE_BATCH_TOO_LARGE`` above
@@ -543,7 +632,12 @@ class JobHandle(Generic[I, R]):
             try:
                 reqs.append(
                     self.build_request(
-                        item, run_at=run_at, delay=delay, queue=queue, tenant_id=tenant_id
+                        item,
+                        run_at=run_at,
+                        delay=delay,
+                        queue=queue,
+                        tenant_id=tenant_id,
+                        order_key=order_key,
                     )
                 )
             except Exception as exc:
@@ -601,27 +695,45 @@ class JobHandle(Generic[I, R]):
         return cast(R, await run_inline(self, input, current_driver()))
 
 
-def _faithful(dumped: Any, live: Any) -> Any:
-    """Undo the two things pydantic's JSON mode changes silently in an input.
+def _faithful(dumped: Any, live: Any, path: str = "$") -> Any:
+    """Undo the three things pydantic's JSON mode changes silently in an input.
 
     A ``SecretStr`` is dumped as ``"**********"``: the stored row must carry the real value or
     the body would receive the mask (operators never see it: the operator surface redacts it).
     A NaN or infinite float is dumped as ``null``: it is put back so :func:`to_json_form` refuses
-    it, as it refuses it in a step output. ``live`` is the python-mode dump of the same value,
-    whose shape matches ``dumped`` item for item.
+    it, as it refuses it in a step output. A key holding a lone surrogate is dumped with
+    replacement characters: it is refused here, as :func:`to_json_form` refuses such text.
+    ``live`` is the python-mode dump of the same value, whose shape matches ``dumped`` item for
+    item.
+
+    Raises:
+        NotJSONError: a key of ``live`` is text no driver stores (the path names its object).
     """
     if isinstance(live, SecretStr):
         return live.get_secret_value()
     if isinstance(live, float) and not math.isfinite(live):
         return live
     if isinstance(dumped, dict) and isinstance(live, dict):
-        return {
-            key: _faithful(value, original)
-            for (key, value), original in zip(dumped.items(), live.values(), strict=False)
-        }
+        out = {}
+        for (key, value), (original_key, original) in zip(
+            dumped.items(), live.items(), strict=False
+        ):
+            problem = text_problem(original_key) if isinstance(original_key, str) else None
+            if problem is not None:
+                raise NotJSONError(path, f"a key {problem}")
+            out[key] = _faithful(value, original, f"{path}.{key}")
+        return out
     if isinstance(dumped, list) and isinstance(live, list | tuple):
-        return [_faithful(v, o) for v, o in zip(dumped, live, strict=False)]
+        return [
+            _faithful(v, o, f"{path}[{i}]")
+            for i, (v, o) in enumerate(zip(dumped, live, strict=False))
+        ]
     return dumped
+
+
+def _short_path(path: str) -> str:
+    """Answer ``path`` for a message: a very deep one keeps its start and end."""
+    return path if len(path) <= 120 else f"{path[:80]}…{path[-30:]}"
 
 
 def _issue_text(issues: Sequence[Any]) -> str:

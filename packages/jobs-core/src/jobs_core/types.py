@@ -75,6 +75,9 @@ class EnqueueRequest:
             used when ``run_at`` is ``None`` so the backend's own clock decides.
         traceparent: the W3C trace context of the enqueuing span, if any.
         enqueued_by: the actor id that asked for the work (attribution only).
+        order_key: for a staged (outbox) enqueue, the lane whose rows are published in staging
+            order even by several relays in parallel (``None``: the one lane of every row
+            without a key). Drivers ignore it.
     """
 
     name: str
@@ -89,6 +92,7 @@ class EnqueueRequest:
     delay_ms: int = 0
     traceparent: str | None = None
     enqueued_by: str | None = None
+    order_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,6 +457,11 @@ MAX_ENQUEUE_BATCH = 10_000
 ENQUEUE_CHUNK = 1_000
 """Rows per round trip in ``enqueue_many``."""
 
+MAX_JSON_DEPTH = 200
+"""The deepest nesting of objects and arrays an input or a step output may have (a value nested
+deeper is refused: Python's JSON decoder gives up near 1,000 levels, pydantic's serializer near
+255)."""
+
 UNWIND_MARGIN = 2
 """Extra attempts a compensating job's rows carry so that a crash on the final attempt can still
 unwind."""
@@ -478,7 +487,8 @@ class OutboxRow:
     """A staged enqueue, as a relay claims it.
 
     Attributes:
-        request: the enqueue to publish; ``request.id`` is the row id and the job id.
+        request: the enqueue to publish; ``request.id`` is the row id and the job id, and
+            ``request.order_key`` its lane.
         staged_at: when it was staged (the store's clock); publish order is
             ``(staged_at, request.id)``.
         token: the claim token the relay's ``mark_published``/``release`` are fenced on.

@@ -825,14 +825,16 @@ class PgSchedulerState:
 
 
 class PgLeaderLease:
-    """The scheduler's leader lease: one row with a holder and an expiry on ``now()``.
+    """A leader lease: one ``scheduler_leader`` row with a holder and an expiry on ``now()``.
 
     Args:
         db: the driver's connection plumbing.
+        name: the lease's row (``scheduler``; the outbox's relay lease is ``outbox-relay``).
     """
 
-    def __init__(self, db: Db) -> None:
+    def __init__(self, db: Db, name: str = "scheduler") -> None:
         self._db = db
+        self._name = name
 
     async def acquire(self, holder: str, ttl_ms: int) -> bool:
         """Take the lease for ``holder`` until now plus ``ttl_ms``, or renew it.
@@ -851,7 +853,8 @@ class PgLeaderLease:
                 "the leader lease needs a non-empty holder and ttl_ms >= 1", ttl_ms=ttl_ms
             )
         held = await self._db.row(
-            "leader_acquire", {"holder": text_value(holder, "holder"), "ttl_ms": ttl_ms}
+            "leader_acquire",
+            {"name": self._name, "holder": text_value(holder, "holder"), "ttl_ms": ttl_ms},
         )
         return held is not None
 
@@ -861,7 +864,7 @@ class PgLeaderLease:
         Raises:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``.
         """
-        await self._db.rows("leader_release", {"holder": holder})
+        await self._db.rows("leader_release", {"name": self._name, "holder": holder})
 
     async def holder(self) -> str | None:
         """Answer the unexpired holder, or ``None``.
@@ -869,7 +872,7 @@ class PgLeaderLease:
         Raises:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``.
         """
-        found: str | None = await self._db.value("leader_holder", {})
+        found: str | None = await self._db.value("leader_holder", {"name": self._name})
         return found
 
 

@@ -287,7 +287,7 @@ class PostgresDriver:
         self.leases = PgLeaseStore(self._db)
         self.events = PgEventBus(self._db)
         self.wake = PgWakeSource(self._db, wake_channel(self.schema), listen_url or url)
-        self.outbox = PgOutboxStore(self._db)
+        self.outbox = PgOutboxStore(self._db, PgLeaderLease(self._db, name="outbox-relay"))
         self.scheduler_state = PgSchedulerState(self._db, self._enqueue_on)
         self.leader = PgLeaderLease(self._db)
         self.workers = PgWorkerRegistry(self._db)

@@ -73,6 +73,7 @@ from jobs_core.errors import (
     StepNotResolvableError,
 )
 from jobs_core.ids import new_id
+from jobs_core.serialization import json_text_has_surrogate
 from jobs_core.types import (
     BULK_LIMIT,
     COUNTER_TIERS,
@@ -286,7 +287,8 @@ def _encode(value: JSONValue, what: str) -> str:
 
     Raises:
         DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` when ``value`` is not JSON (an
-            arbitrary object, a cycle, ``NaN`` or an infinity) or holds a NUL character.
+            arbitrary object, a cycle, ``NaN`` or an infinity) or holds a NUL character or a lone
+            surrogate.
     """
     # null, true, false and ints (a no-op's result, a flag, a count) skip building an encoder.
     if value is None:
@@ -301,6 +303,11 @@ def _encode(value: JSONValue, what: str) -> str:
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise DriverRequestInvalidError(
             f"{what} holds a NUL character (U+0000), which no driver can store", field=what
+        )
+    if json_text_has_surrogate(text):
+        raise DriverRequestInvalidError(
+            f"{what} holds a lone surrogate (U+D800..U+DFFF), which UTF-8 cannot encode",
+            field=what,
         )
     return text
 

@@ -708,29 +708,50 @@ SELECT count(*) FROM purged
 -- here, so the relay publishes the instant the caller asked for.
 INSERT INTO {schema}.outbox (
     id, name, queue, input, idempotency_key, tenant_id, max_attempts, run_id, run_at,
-    traceparent, enqueued_by, staged_at
+    traceparent, enqueued_by, order_key, staged_at
 )
 SELECT r.id, r.name, r.queue, r.input::jsonb, r.idempotency_key, r.tenant_id, r.max_attempts,
        r.run_id, greatest(coalesce(r.run_at, {now} + r.delay_ms * interval '1 millisecond'), {now}),
-       r.traceparent, r.enqueued_by, {now}
+       r.traceparent, r.enqueued_by, r.order_key, {now}
 FROM unnest(
     %(ids)s::uuid[], %(run_ids)s::uuid[], %(names)s::text[], %(queues)s::text[],
     %(inputs)s::text[], %(keys)s::text[], %(tenants)s::text[], %(max_attempts)s::int[],
     %(run_ats)s::timestamptz[], %(delays)s::bigint[], %(traceparents)s::text[],
-    %(enqueued_bys)s::text[]
+    %(enqueued_bys)s::text[], %(order_keys)s::text[]
 ) WITH ORDINALITY AS r(id, run_id, name, queue, input, idempotency_key, tenant_id, max_attempts,
-                       run_at, delay_ms, traceparent, enqueued_by, ord)
+                       run_at, delay_ms, traceparent, enqueued_by, order_key, ord)
 ORDER BY r.ord
 
+-- name: outbox_claim_lock
+-- Serialises claims for the rest of the transaction: the claim that follows, in a statement of
+-- its own, sees every claim committed before it (two claims side by side would each see the
+-- other's rows as free, and the second would take the rows after the first's).
+SELECT pg_advisory_xact_lock(hashtext(%(namespace)s), hashtext(%(key)s))
+
 -- name: outbox_claim
--- Takes up to `limit` committed, unpublished rows whose claim is free or lapsed, oldest first,
--- under a new token.
-WITH picked AS (
+-- Takes up to `limit` committed, unpublished rows whose claim is free or lapsed, in
+-- (staged_at, id) order, under a new token; runs after outbox_claim_lock. A row is never taken
+-- when an unpublished row of its lane (order_key, or '' without one) staged before it is held
+-- by an unexpired claim: no row overtakes one a relay still holds (migration 0006).
+WITH held AS (
+    SELECT DISTINCT ON (coalesce(h.order_key, '')) coalesce(h.order_key, '') AS lane,
+           h.staged_at, h.id
+    FROM {schema}.outbox h
+    WHERE h.published_at IS NULL AND h.claim_expires_at IS NOT NULL
+      AND h.claim_expires_at > {now}
+    ORDER BY coalesce(h.order_key, ''), h.staged_at, h.id
+),
+picked AS (
     SELECT o.id FROM {schema}.outbox o
     WHERE o.published_at IS NULL AND (o.claim_expires_at IS NULL OR o.claim_expires_at <= {now})
+      AND NOT EXISTS (
+          SELECT 1 FROM held
+          WHERE held.lane = coalesce(o.order_key, '')
+            AND (held.staged_at, held.id) < (o.staged_at, o.id)
+      )
     ORDER BY o.staged_at, o.id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE
 )
 UPDATE {schema}.outbox o
 SET claimed_at = {now}, claimed_by = %(token)s,
@@ -738,7 +759,7 @@ SET claimed_at = {now}, claimed_by = %(token)s,
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.name, o.queue, o.input, o.idempotency_key, o.tenant_id, o.max_attempts,
-          o.run_id, o.run_at, o.traceparent, o.enqueued_by, o.staged_at
+          o.run_id, o.run_at, o.traceparent, o.enqueued_by, o.staged_at, o.order_key
 
 -- name: outbox_release
 UPDATE {schema}.outbox
@@ -797,20 +818,20 @@ DELETE FROM {schema}.paused_tasks WHERE task = %(task)s
 SELECT task FROM {schema}.paused_tasks ORDER BY task
 
 -- name: leader_acquire
--- Takes the leader row when it is free or lapsed, or renews it for its holder; answers whether
--- `holder` holds it now.
+-- Takes the leader row `name` ('scheduler', or 'outbox-relay' for the relay lease) when it is
+-- free or lapsed, or renews it for its holder; answers whether `holder` holds it now.
 INSERT INTO {schema}.scheduler_leader AS l (name, holder, expires_at)
-VALUES ('scheduler', %(holder)s, {now} + %(ttl_ms)s * interval '1 millisecond')
+VALUES (%(name)s, %(holder)s, {now} + %(ttl_ms)s * interval '1 millisecond')
 ON CONFLICT (name) DO UPDATE
 SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
 WHERE l.holder = EXCLUDED.holder OR l.expires_at <= {now}
 RETURNING 1
 
 -- name: leader_release
-DELETE FROM {schema}.scheduler_leader WHERE name = 'scheduler' AND holder = %(holder)s
+DELETE FROM {schema}.scheduler_leader WHERE name = %(name)s AND holder = %(holder)s
 
 -- name: leader_holder
-SELECT holder FROM {schema}.scheduler_leader WHERE name = 'scheduler' AND expires_at > {now}
+SELECT holder FROM {schema}.scheduler_leader WHERE name = %(name)s AND expires_at > {now}
 
 -- name: worker_beat
 -- Inserts or refreshes a worker's row; rows expired a day ago are swept in the same statement.
