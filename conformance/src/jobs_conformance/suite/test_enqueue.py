@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -19,6 +21,26 @@ from jobs_core.errors import (
 )
 from jobs_core.ids import new_id
 from jobs_core.types import Fence, NackOptions, Settle, StepRecord, StepWrite
+
+
+class _Note(BaseModel):
+    key: str
+    text: str = ""
+
+
+def _note_job(name: str, key: Callable[[_Note], str] | None = None) -> Any:
+    """Declare a job the tests only enqueue (its body never runs), in a registry of its own."""
+
+    async def body(input: _Note, step: object, ctx: object) -> None:
+        """Never run: the tests only enqueue."""
+
+    return job(
+        input=_Note,
+        idempotency_key=key or (lambda n: n.key),
+        tenant="none",
+        name=name,
+        registry=JobRegistry(),
+    )(body)
 
 
 async def test_enqueue_answers_the_requested_ids(target: Target) -> None:
@@ -137,24 +159,9 @@ async def test_a_run_id_belongs_to_one_job(target: Target) -> None:
     assert (again.id, again.run_id, again.deduped) == (old.id, old.run_id, True)
     deduped = await driver.enqueue(request("live", run_id=old.run_id))
     assert (deduped.id, deduped.deduped) == (live.id, True), "a deduped request inserts nothing"
-
-    class Checkout(BaseModel):
-        order: str
-
-    registry = JobRegistry()
-
-    @job(
-        input=Checkout,
-        idempotency_key=lambda c: c.order,
-        tenant="none",
-        name="conformance.checkout",
-        registry=registry,
-    )
-    async def checkout(input: Checkout, step: object, ctx: object) -> None:
-        """Never run: the test only enqueues."""
-
+    checkout = _note_job("conformance.checkout")
     with use_driver(driver), pytest.raises(JobRunIdTakenError):
-        await checkout.enqueue(Checkout(order="o-2"), run_id=old.run_id)
+        await checkout.enqueue(_Note(key="o-2"), run_id=old.run_id)
     assert state_counts(await driver.stats()) == {"ready": 1, "done": 1}
 
 
@@ -240,40 +247,15 @@ async def test_nul_is_refused_before_anything_is_written(target: Target) -> None
     with pytest.raises(JobsError):
         await driver.enqueue_many([request("ok"), request("nul", payload=["\x00"])])
     assert state_counts(await driver.stats()) == {}
-
-    class Note(BaseModel):
-        key: str
-        text: str = ""
-
-    registry = JobRegistry()
-
-    @job(
-        input=Note,
-        idempotency_key=lambda n: n.key,
-        tenant="none",
-        name="conformance.nul",
-        registry=registry,
-    )
-    async def note(input: Note, step: object, ctx: object) -> None:
-        """Never run: the test only enqueues."""
-
-    @job(
-        input=Note,
-        idempotency_key=lambda n: f"{n.key}\x00",
-        tenant="none",
-        name="conformance.nul-key",
-        registry=registry,
-    )
-    async def nul_key(input: Note, step: object, ctx: object) -> None:
-        """Never run: the test only enqueues."""
-
+    note = _note_job("conformance.nul")
+    nul_key = _note_job("conformance.nul-key", key=lambda n: f"{n.key}\x00")
     with use_driver(driver):
         with pytest.raises(JobInputInvalidError):
-            await note.enqueue(Note(key="k", text="a\x00b"))
+            await note.enqueue(_Note(key="k", text="a\x00b"))
         with pytest.raises(IdempotencyRequiredError):
-            await nul_key.enqueue(Note(key="k"))
+            await nul_key.enqueue(_Note(key="k"))
         with pytest.raises(JobOptionsInvalidError):
-            await note.enqueue(Note(key="k"), queue="q\x00")
+            await note.enqueue(_Note(key="k"), queue="q\x00")
     assert state_counts(await driver.stats()) == {}
 
 
@@ -305,30 +287,14 @@ async def test_lone_surrogates_are_refused_alike_and_never_quoted(target: Target
     astral = await driver.enqueue(request("emoji", payload={"text": "ok \U0001f600"}))
     [claimed] = await claim(driver)
     assert (claimed.id, claimed.input) == (astral.id, {"text": "ok \U0001f600"})
-
-    class Note(BaseModel):
-        key: str
-        text: str = ""
-
-    registry = JobRegistry()
-
-    @job(
-        input=Note,
-        idempotency_key=lambda n: n.key,
-        tenant="none",
-        name="conformance.surrogate",
-        registry=registry,
-    )
-    async def note(input: Note, step: object, ctx: object) -> None:
-        """Never run: the test only enqueues."""
-
+    note = _note_job("conformance.surrogate")
     with use_driver(driver):
         with pytest.raises(JobInputInvalidError) as facade:
-            await note.enqueue(Note(key="k", text=f"{secret}\ud800"))
+            await note.enqueue(_Note(key="k", text=f"{secret}\ud800"))
         assert facade.value.meta["path"] == "$.text"
         assert secret not in str(facade.value)
         with pytest.raises(JobInputInvalidError):
-            await note.enqueue(Note(key="k\ud800"))
+            await note.enqueue(_Note(key="k\ud800"))
     assert state_counts(await driver.stats()) == {"running": 1}
 
 

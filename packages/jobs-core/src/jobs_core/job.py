@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar, cast
 from uuid import UUID
 
-from pydantic import SecretStr, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from jobs_core._current import current_driver, run_sync
 from jobs_core._durations import Duration, duration_problem, parse_duration
+from jobs_core._inputs import check_text, issue_text, stored_input
 from jobs_core._tracing import current_traceparent
 from jobs_core.errors import (
     EnqueueBatchTooLargeError,
@@ -35,13 +35,6 @@ from jobs_core.ids import new_id
 from jobs_core.limits import Concurrency
 from jobs_core.outbox import submit_many, submit_one
 from jobs_core.retry import Retry
-from jobs_core.serialization import (
-    NotJSONError,
-    dump_failure,
-    first_difference,
-    text_problem,
-    to_json_form,
-)
 from jobs_core.tenancy import Actor, crossing_reason, current_actor
 from jobs_core.types import (
     MAX_ENQUEUE_BATCH,
@@ -210,7 +203,7 @@ class JobHandle(Generic[I, R]):
         except ValidationError as exc:
             issues = exc.errors(include_url=False, include_input=False, include_context=False)
             raise JobInputInvalidError(
-                f"input of {self.name} does not validate: {_issue_text(issues)}",
+                f"input of {self.name} does not validate: {issue_text(issues)}",
                 job=self.name,
                 issues=[{"loc": list(i["loc"]), "msg": i["msg"]} for i in issues],
             ) from None
@@ -266,7 +259,7 @@ class JobHandle(Generic[I, R]):
             JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` naming the bad option.
         """
         parsed = self.parse_input(input)
-        stored = self._stored_form(parsed)
+        stored = stored_input(self.adapter, parsed, self.name)
         key = self.idempotency_key(parsed)
         if not isinstance(key, str) or not key or _NUL in key:
             raise IdempotencyRequiredError(
@@ -275,7 +268,7 @@ class JobHandle(Generic[I, R]):
                 "it must be non-empty text without NUL (FIELD-FAILURES C22: no driver stores it)",
                 job=self.name,
             )
-        self._check_text("idempotency_key", key)
+        check_text(self.name, "idempotency_key", key)
         declared = self.tenant_of(parsed)
         row_tenant = self._check_tenant(declared, tenant_id, actor)
         ambient = current_actor()
@@ -301,7 +294,7 @@ class JobHandle(Generic[I, R]):
             ("queue", target_queue),
             ("order_key", order_key),
         ):
-            self._check_text(field, text)
+            check_text(self.name, field, text)
         if run_id is not None and not isinstance(run_id, UUID):
             raise JobOptionsInvalidError("run_id: must be a UUID", option="run_id")
         return EnqueueRequest(
@@ -320,79 +313,6 @@ class JobHandle(Generic[I, R]):
             enqueued_by=enqueued_by,
             order_key=order_key,
         )
-
-    def _stored_form(self, parsed: I) -> JSONValue:
-        """Answer the JSON form a row stores for ``parsed``, proven to give ``parsed`` back.
-
-        The worker re-parses the stored form at every attempt, so that is what the body gets.
-        A field typed ``Any`` (or ``dict``, ``list``, ``object``) holding a ``datetime``, a
-        ``set``, ``bytes``, a ``Decimal``, a tuple or a UUID would come back as text or a list:
-        such an input is refused, naming the field, rather than stored as something else.
-
-        Raises:
-            JobInputInvalidError: ``X_JOB_INPUT_INVALID`` naming the field path (``meta["path"]``)
-                and the cause; never a value.
-        """
-        try:
-            live = self.adapter.dump_python(parsed, mode="python")
-            stored = to_json_form(_faithful(self.adapter.dump_python(parsed, mode="json"), live))
-        except NotJSONError as exc:
-            raise JobInputInvalidError(
-                f"input of {self.name} has no JSON form at {exc.path}: {exc.reason}",
-                job=self.name,
-                path=exc.path,
-            ) from None
-        except (ValueError, TypeError, RecursionError) as exc:
-            # pydantic's serializer refuses what it cannot dump (bytes that are not UTF-8,
-            # nesting past its limit) with bare errors: name the place and the cause ourselves.
-            path, cause = dump_failure(parsed) or (
-                "$",
-                f"pydantic cannot dump it ({type(exc).__name__})",
-            )
-            raise JobInputInvalidError(
-                f"input of {self.name} has no JSON form at {_short_path(path)}: {cause}",
-                job=self.name,
-                path=path,
-            ) from None
-        try:
-            again = self.adapter.validate_python(stored, by_alias=True, by_name=True)
-        except ValidationError as exc:
-            issues = exc.errors(include_url=False, include_input=False, include_context=False)
-            raise JobInputInvalidError(
-                f"input of {self.name} does not validate again from its stored JSON form (the "
-                f"body would never get it): {_issue_text(issues)}",
-                job=self.name,
-                issues=[{"loc": list(i["loc"]), "msg": i["msg"]} for i in issues],
-            ) from None
-        if again != parsed:
-            found = first_difference(live, self.adapter.dump_python(again, mode="python"))
-            path, change = found or ("$", "its JSON form validates to another value")
-            raise JobInputInvalidError(
-                f"input of {self.name} is not stored faithfully at {_short_path(path)}: "
-                f"{change}; type the field (a datetime, set, bytes, Decimal, tuple or UUID needs "
-                "a field of that type, not Any, dict, list or object), send JSON values, or make "
-                "its validators give back what they are given",
-                job=self.name,
-                path=path,
-                change=change,
-            )
-        return stored
-
-    def _check_text(self, field: str, value: str | None) -> None:
-        """Refuse text no driver stores alike (a lone surrogate) in ``field``.
-
-        Raises:
-            JobInputInvalidError: ``X_JOB_INPUT_INVALID`` naming ``field`` (never the text).
-        """
-        if value is None or (value.isascii() and _NUL not in value):
-            return
-        problem = text_problem(value)
-        if problem is not None:
-            raise JobInputInvalidError(
-                f"{self.name}: {field} {problem}; send text every driver stores",
-                job=self.name,
-                field=field,
-            )
 
     def _check_tenant(
         self, declared: str | None, explicit: str | None, actor: Actor | None
@@ -693,53 +613,6 @@ class JobHandle(Generic[I, R]):
         from jobs_core.execute import run_inline
 
         return cast(R, await run_inline(self, input, current_driver()))
-
-
-def _faithful(dumped: Any, live: Any, path: str = "$") -> Any:
-    """Undo the three things pydantic's JSON mode changes silently in an input.
-
-    A ``SecretStr`` is dumped as ``"**********"``: the stored row must carry the real value or
-    the body would receive the mask (operators never see it: the operator surface redacts it).
-    A NaN or infinite float is dumped as ``null``: it is put back so :func:`to_json_form` refuses
-    it, as it refuses it in a step output. A key holding a lone surrogate is dumped with
-    replacement characters: it is refused here, as :func:`to_json_form` refuses such text.
-    ``live`` is the python-mode dump of the same value, whose shape matches ``dumped`` item for
-    item.
-
-    Raises:
-        NotJSONError: a key of ``live`` is text no driver stores (the path names its object).
-    """
-    if isinstance(live, SecretStr):
-        return live.get_secret_value()
-    if isinstance(live, float) and not math.isfinite(live):
-        return live
-    if isinstance(dumped, dict) and isinstance(live, dict):
-        out = {}
-        for (key, value), (original_key, original) in zip(
-            dumped.items(), live.items(), strict=False
-        ):
-            problem = text_problem(original_key) if isinstance(original_key, str) else None
-            if problem is not None:
-                raise NotJSONError(path, f"a key {problem}")
-            out[key] = _faithful(value, original, f"{path}.{key}")
-        return out
-    if isinstance(dumped, list) and isinstance(live, list | tuple):
-        return [
-            _faithful(v, o, f"{path}[{i}]")
-            for i, (v, o) in enumerate(zip(dumped, live, strict=False))
-        ]
-    return dumped
-
-
-def _short_path(path: str) -> str:
-    """Answer ``path`` for a message: a very deep one keeps its start and end."""
-    return path if len(path) <= 120 else f"{path[:80]}…{path[-30:]}"
-
-
-def _issue_text(issues: Sequence[Any]) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in issue['loc']) or '(root)'}: {issue['msg']}" for issue in issues
-    )
 
 
 def _timing(run_at: datetime | None, delay: Duration | None) -> tuple[int, datetime | None]:
