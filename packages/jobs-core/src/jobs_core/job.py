@@ -19,7 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from jobs_core._current import current_driver, run_sync
 from jobs_core._durations import Duration, duration_problem, parse_duration
-from jobs_core._inputs import check_text, issue_text, stored_input
+from jobs_core._inputs import check_texts, issue_text, round_trips, stored_input
 from jobs_core._tracing import current_traceparent
 from jobs_core.errors import (
     EnqueueBatchTooLargeError,
@@ -162,6 +162,8 @@ class JobHandle(Generic[I, R]):
         self.queue = queue
         self.input_type = input_type
         self.adapter: TypeAdapter[I] = TypeAdapter(input_type)
+        # Whether the stored form needs proving at each enqueue (see jobs_core._inputs).
+        self._prove_inputs = not round_trips(self.adapter.core_schema)
         self.idempotency_key = idempotency_key
         self.tenant = tenant
         self.retry = retry
@@ -259,7 +261,7 @@ class JobHandle(Generic[I, R]):
             JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` naming the bad option.
         """
         parsed = self.parse_input(input)
-        stored = stored_input(self.adapter, parsed, self.name)
+        stored = stored_input(self.adapter, parsed, self.name, prove=self._prove_inputs)
         key = self.idempotency_key(parsed)
         if not isinstance(key, str) or not key or _NUL in key:
             raise IdempotencyRequiredError(
@@ -268,7 +270,6 @@ class JobHandle(Generic[I, R]):
                 "it must be non-empty text without NUL (FIELD-FAILURES C22: no driver stores it)",
                 job=self.name,
             )
-        check_text(self.name, "idempotency_key", key)
         declared = self.tenant_of(parsed)
         row_tenant = self._check_tenant(declared, tenant_id, actor)
         ambient = current_actor()
@@ -284,17 +285,26 @@ class JobHandle(Generic[I, R]):
             raise JobOptionsInvalidError(
                 "queue: must be non-empty text without U+0000 (NUL)", option="queue"
             )
-        if order_key is not None and (not isinstance(order_key, str) or not order_key):
-            raise JobOptionsInvalidError(
-                "order_key: non-empty text naming the outbox lane", option="order_key"
-            )
-        for field, text in (
-            ("tenant_id", row_tenant),
-            ("enqueued_by", enqueued_by),
-            ("queue", target_queue),
-            ("order_key", order_key),
+        if order_key is not None and (
+            not isinstance(order_key, str) or not order_key or _NUL in order_key
         ):
-            check_text(self.name, field, text)
+            raise JobOptionsInvalidError(
+                "order_key: non-empty text without U+0000 (NUL) naming the outbox lane",
+                option="order_key",
+            )
+        # NUL was refused above; a lone surrogate is what is left, only past ASCII.
+        texts = f"{key}{row_tenant or ''}{enqueued_by or ''}{target_queue}{order_key or ''}"
+        if not texts.isascii():
+            check_texts(
+                self.name,
+                (
+                    ("idempotency_key", key),
+                    ("tenant_id", row_tenant),
+                    ("enqueued_by", enqueued_by),
+                    ("queue", target_queue),
+                    ("order_key", order_key),
+                ),
+            )
         if run_id is not None and not isinstance(run_id, UUID):
             raise JobOptionsInvalidError("run_id: must be a UUID", option="run_id")
         return EnqueueRequest(

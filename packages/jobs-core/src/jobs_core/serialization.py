@@ -112,9 +112,11 @@ def _walk(value: Any, path: str, seen: set[int], depth: int) -> JSONValue:
     if isinstance(value, int):
         return int(value)
     if isinstance(value, str):
-        problem = text_problem(value)
-        if problem is not None:
-            raise NotJSONError(path, f"text {problem}")
+        # Plain ASCII without NUL, the usual text, costs no call.
+        if not value.isascii() or "\x00" in value:
+            problem = text_problem(value)
+            if problem is not None:
+                raise NotJSONError(path, f"text {problem}")
         return str.__str__(value)
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -139,7 +141,7 @@ def _walk(value: Any, path: str, seen: set[int], depth: int) -> JSONValue:
                 for key, item in value.items():
                     if not isinstance(key, str):
                         raise NotJSONError(path, f"key {key!r} is not text")
-                    problem = text_problem(key)
+                    problem = text_problem(key) if not key.isascii() or "\x00" in key else None
                     if problem is not None:
                         raise NotJSONError(path, f"a key {problem}")
                     out[str.__str__(key)] = _walk(item, f"{path}.{key}", seen, depth + 1)
@@ -154,9 +156,10 @@ def dump_failure(value: Any) -> tuple[str, str] | None:
     """Answer ``(path, cause)`` of what keeps pydantic from dumping ``value``, where we can name it.
 
     pydantic's serializer gives up with a bare error on input nested past its own limit and on
-    bytes that are not UTF-8; this walk (iterative, so any depth is safe) finds the first
-    container nested deeper than :data:`~jobs_core.types.MAX_JSON_DEPTH` levels, or the first
-    bytes value that does not decode, and says where.
+    bytes that are not UTF-8, and mangles a key holding a lone surrogate; this walk (iterative,
+    so any depth is safe) finds the first container nested deeper than
+    :data:`~jobs_core.types.MAX_JSON_DEPTH` levels, the first bytes value that does not decode,
+    or the first object with a key no driver stores, and says where.
     """
     stack: list[tuple[Any, str, int]] = [(value, "$", 1)]
     seen: set[int] = set()
@@ -173,6 +176,11 @@ def dump_failure(value: Any) -> tuple[str, str] | None:
             continue
         if depth > MAX_JSON_DEPTH:
             return path, f"nested deeper than {MAX_JSON_DEPTH} levels"
+        if isinstance(item, dict):
+            for key in item:
+                problem = text_problem(key) if isinstance(key, str) else None
+                if problem is not None:
+                    return path, f"a key {problem}"
         seen.add(id(item))
         stack.extend((child, where, depth + 1) for where, child in reversed(list(children)))
     return None
