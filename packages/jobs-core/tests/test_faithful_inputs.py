@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, SecretStr, TypeAdapter, field_validator
 from jobs_core import MAX_ENQUEUE_BATCH, Actor, JobRegistry, job
 from jobs_core._inputs import round_trips
 from jobs_core.drivers.memory import MemoryDriver
-from jobs_core.errors import JobInputInvalidError
+from jobs_core.errors import IdempotencyRequiredError, JobInputInvalidError
 from jobs_core.types import MAX_JSON_DEPTH, ClaimRequest
 
 SECRET = "s3cr3t-payload"
@@ -222,6 +222,25 @@ async def test_lone_surrogates_are_refused_in_payloads_keys_tenants_and_queues(
     # A character past the Basic Multilingual Plane is not a lone surrogate: it is stored.
     await plain.enqueue(Loose(key="emoji", anything="ok \U0001f600"))
     assert (await stored_and_parsed(driver, plain))[1].anything == "ok \U0001f600"
+
+
+async def test_a_key_that_is_not_text_is_refused_without_quoting_it(
+    driver: MemoryDriver, registry: JobRegistry
+) -> None:
+    class Order(BaseModel):
+        number: int
+
+    numbered = job(
+        input=Order,
+        idempotency_key=lambda o: o.number,  # type: ignore[arg-type, return-value]
+        tenant="none",
+        name="faithful.int-key",
+        registry=registry,
+    )(_noop)
+    with pytest.raises(IdempotencyRequiredError) as caught:
+        await numbered.enqueue(Order(number=987_654_321))
+    assert "987654321" not in str(caught.value)
+    assert "a value of type int" in str(caught.value)
 
 
 # --- refusals that name the cause ----------------------------------------------------------

@@ -266,7 +266,7 @@ class JobHandle(Generic[I, R]):
         if not isinstance(key, str) or not key or _NUL in key:
             raise IdempotencyRequiredError(
                 f"idempotency_key(input) of {self.name} answered "
-                f"{'text containing U+0000 (NUL)' if isinstance(key, str) and key else repr(key)}; "
+                f"{_key_shape(key)}; "
                 "it must be non-empty text without NUL (FIELD-FAILURES C22: no driver stores it)",
                 job=self.name,
             )
@@ -623,6 +623,13 @@ class JobHandle(Generic[I, R]):
         from jobs_core.execute import run_inline
 
         return cast(R, await run_inline(self, input, current_driver()))
+
+
+def _key_shape(key: object) -> str:
+    """Describe a refused idempotency key without quoting it (it may come from the payload)."""
+    if isinstance(key, str):
+        return "text containing U+0000 (NUL)" if key else "''"
+    return "None" if key is None else f"a value of type {type(key).__name__}, not text"
 
 
 def _timing(run_at: datetime | None, delay: Duration | None) -> tuple[int, datetime | None]:
