@@ -194,7 +194,19 @@ def tests_import_export(session: nox.Session) -> None:
 def pg_restart(session: nox.Session) -> None:
     """Restart PostgreSQL under a running worker (jobs-pg's ``slow`` tests): run it alone."""
     session.install("-e", CORE, "-e", CONFORMANCE, "-e", PG, *TEST_DEPS)
-    session.run("pytest", f"{PG}/tests", "-m", "slow", "-q", *session.posargs)
+    session.run("pytest", f"{PG}/tests", "-m", "slow and not soak", "-q", *session.posargs)
+
+
+@nox.session(name="outbox-soak", python=PYTHON)
+def outbox_soak(session: nox.Session) -> None:
+    """The 10,000-row outbox soak: two ``jobsctl relay`` processes, one SIGKILLed every 2 s.
+
+    Not a default session (about a minute); the default ``tests-pg`` runs its 1,500-row form.
+    """
+    session.install("-e", CORE, "-e", CONFORMANCE, "-e", PG, *TEST_DEPS)
+    session.run(
+        "pytest", f"{PG}/tests/test_outbox_soak.py", "-m", "soak", "-q", "-s", *session.posargs
+    )
 
 
 @nox.session(python=PYTHON)

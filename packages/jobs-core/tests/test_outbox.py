@@ -87,24 +87,35 @@ class RelayKilled(Exception):
 
 
 class Recording:
-    """A driver whose enqueue records every answer and can refuse one job id on demand."""
+    """A driver whose enqueues record every answer and can refuse one job id on demand.
+
+    ``calls`` counts round trips: one per ``enqueue`` and one per ``enqueue_many``.
+    """
 
     def __init__(self, inner: MemoryDriver, refuse: UUID | None = None) -> None:
         self.inner = inner
         self.refuse = refuse
         self.answers: list[EnqueueResult] = []
+        self.calls: Counter[str] = Counter()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     async def enqueue(self, req: EnqueueRequest) -> EnqueueResult:
+        return (await self._publish("enqueue", [req]))[0]
+
+    async def enqueue_many(self, reqs: Any) -> list[EnqueueResult]:
+        return await self._publish("enqueue_many", list(reqs))
+
+    async def _publish(self, call: str, reqs: list[EnqueueRequest]) -> list[EnqueueResult]:
+        self.calls[call] += 1
         # Yield first, so concurrent relays interleave their publishes.
         await asyncio.sleep(0)
-        if req.id == self.refuse:
+        if any(req.id == self.refuse for req in reqs):
             raise DriverUnavailableError("the queue is unreachable", driver="memory")
-        answer = await self.inner.enqueue(req)
-        self.answers.append(answer)
-        return answer
+        answers = await self.inner.enqueue_many(reqs)
+        self.answers += answers
+        return answers
 
 
 class KilledBeforeMark:
@@ -215,6 +226,46 @@ async def test_enqueue_many_stages_one_batch_and_answers_repeats_in_it(
         row = await driver.introspect.get(result.id)
         assert row is not None
         assert row.run_id == result.run_id
+
+
+class StageOnly:
+    """An outbox store that carries only the required members: no ``stage_many``."""
+
+    def __init__(self, inner: MemoryOutboxStore) -> None:
+        self.inner = inner
+        self.staged = 0
+
+    def ambient(self) -> Any:
+        return self.inner.ambient()
+
+    async def stage(self, req: EnqueueRequest, tx: Any) -> None:
+        self.staged += 1
+        await self.inner.stage(req, tx)
+
+    async def claim(self, req: OutboxClaim) -> Any:
+        return await self.inner.claim(req)
+
+    async def release(self, ids: Any, token: str) -> None:
+        await self.inner.release(ids, token)
+
+    async def mark_published(self, ids: Any, token: str) -> int:
+        return await self.inner.mark_published(ids, token)
+
+
+async def test_stage_many_is_optional_the_facade_stages_one_by_one(
+    store: MemoryOutboxStore, driver: MemoryDriver, welcome: Any
+) -> None:
+    minimal = StageOnly(store)
+    assert not hasattr(minimal, "stage_many")
+    with use_outbox(minimal, driver):  # type: ignore[arg-type]
+        async with store.transaction():
+            results = await welcome.enqueue_many(
+                [Signup(user_id="u1"), Signup(user_id="u2"), Signup(user_id="u1")]
+            )
+    assert minimal.staged == 2
+    assert [r.deduped for r in results] == [False, False, True]
+    assert await Relay(minimal, driver, exclusive=False).run_once() == 2  # type: ignore[arg-type]
+    assert driver.live_count() == 2
 
 
 async def test_a_refused_enqueue_stages_nothing(
@@ -328,13 +379,17 @@ def test_enqueue_sync_stages_on_an_explicit_transaction(registry: JobRegistry) -
 async def test_two_relays_together_publish_every_row_exactly_once(
     outbox: Outbox, store: MemoryOutboxStore, driver: MemoryDriver, welcome: Any
 ) -> None:
+    """Side by side (not exclusive), two relays share the lanes and keep each lane's order."""
     staged: list[EnqueueResult] = []
+    lanes: dict[str, list[UUID]] = {}
     for batch in range(5):
         async with store.transaction():
             inputs = [Signup(user_id=f"u{batch}-{i}") for i in range(20)]
-            staged += await welcome.enqueue_many(inputs)
+            results = await welcome.enqueue_many(inputs, order_key=f"lane-{batch % 2}")
+        staged += results
+        lanes.setdefault(f"lane-{batch % 2}", []).extend(r.id for r in results)
     sides = [Recording(driver), Recording(driver)]
-    relays = [Relay(store, side, batch=7, poll_interval="5ms") for side in sides]
+    relays = [Relay(store, side, batch=7, poll_interval="5ms", exclusive=False) for side in sides]
     running = [asyncio.create_task(relay.run()) for relay in relays]
     await drained(store)
     for relay in relays:
@@ -346,6 +401,10 @@ async def test_two_relays_together_publish_every_row_exactly_once(
     assert all(side.answers for side in sides), "both relays took part"
     assert not any(answer.deduped for side in sides for answer in side.answers)
     assert driver.live_count() == 100
+    # The memory driver numbers rows as it inserts them: the order they were published in.
+    for lane, ids in lanes.items():
+        inserted = [driver._m.rows[i].seq for i in ids]
+        assert inserted == sorted(inserted), f"{lane} published in staging order"
 
 
 async def test_a_relay_killed_between_publish_and_mark_never_doubles_a_job(
@@ -405,8 +464,10 @@ async def test_a_failed_publish_stops_the_batch_and_releases_the_rest_at_once(
 
     # Released at once: another relay takes the rows now, no lease to wait out, and stops again.
     other_side = Recording(driver, refuse=ids[2])
-    assert await Relay(store, other_side).run_once() == 0
+    assert await Relay(store, other_side, exclusive=False).run_once() == 0
     assert other_side.answers == []
+    # The batch went in one call; refused, it was tried row by row up to the refused row.
+    assert other_side.calls == {"enqueue_many": 1, "enqueue": 1}
 
     side.refuse = None
     assert await relay.run_once() == 3
@@ -421,10 +482,10 @@ async def test_stop_joins_the_pass_in_flight(
     gate = asyncio.Event()
 
     class Held(Recording):
-        async def enqueue(self, req: EnqueueRequest) -> EnqueueResult:
+        async def enqueue_many(self, reqs: Any) -> list[EnqueueResult]:
             entered.set()
             await gate.wait()
-            return await super().enqueue(req)
+            return await super().enqueue_many(reqs)
 
     async with store.transaction():
         staged = await welcome.enqueue(Signup(user_id="u1"))
@@ -501,11 +562,10 @@ async def test_memory_store_orders_leases_and_fences_on_the_claim_token(
     a = await store.claim(OutboxClaim("relay-a", 2, 1_000))
     assert [row.request.id for row in a] == ids[:2]
     assert a[0].request.input["user_id"] == "u0"
-    b = await store.claim(OutboxClaim("relay-b", 5, 1_000))
-    assert [row.request.id for row in b] == ids[2:]
-    assert await store.claim(OutboxClaim("relay-c", 5, 1_000)) == []
+    # A row staged after rows another claim holds is not taken: it would overtake them.
+    assert await store.claim(OutboxClaim("relay-b", 5, 1_000)) == []
     # Another claim's token moves nothing.
-    await store.release(ids[:2], b[0].token)
+    await store.release(ids[:2], "relay-b-token")
     assert await store.claim(OutboxClaim("relay-c", 5, 1_000)) == []
 
     clock.advance("1001ms")

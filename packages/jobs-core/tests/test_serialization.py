@@ -223,14 +223,17 @@ json_scalars = (
     | st.booleans()
     | st.integers()
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(alphabet=st.characters(blacklist_characters="\x00"))
+    | st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)))
 )
 json_values = st.recursive(
     json_scalars,
     lambda children: (
         st.lists(children, max_size=4)
         | st.dictionaries(
-            st.text(alphabet=st.characters(blacklist_characters="\x00"), max_size=5),
+            st.text(
+                alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)),
+                max_size=5,
+            ),
             children,
             max_size=4,
         )

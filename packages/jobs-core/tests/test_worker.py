@@ -233,7 +233,7 @@ async def _claims_and_bodies(registry: JobRegistry, jobs: int, **options: Any) -
     await wait_for(all_ran)
     await worker.stop()
     await running
-    assert worker.stats().max_in_flight <= worker.capacity
+    assert worker.stats().peak_in_flight <= worker.capacity
     return events
 
 
@@ -371,7 +371,7 @@ async def test_a_slot_is_lent_while_its_ack_is_in_flight_one_slot_deep(
     await worker.stop()
     await running
     assert bodies.most == 2
-    assert worker.stats().max_in_flight == 2
+    assert worker.stats().peak_in_flight == 2
 
 
 class _SlowAcks(MemoryDriver):

@@ -54,6 +54,7 @@ from jobs_core.types import (
     WorkerInfo,
 )
 from jobs_pg import PostgresDriver, open_postgres_driver, transaction
+from jobs_pg._db import refused_value
 from pg_helpers import claim, info, request
 
 # --- opening ---------------------------------------------------------------------------------
@@ -359,6 +360,24 @@ async def test_nul_in_keys_and_names_is_refused(driver: PostgresDriver) -> None:
         with pytest.raises(DriverRequestInvalidError):
             await driver.enqueue(bad)
     assert await driver.stats() == []
+
+
+async def test_a_value_the_server_refuses_is_refused_without_its_message(
+    pg_url: str, driver: PostgresDriver
+) -> None:
+    """The server's message quotes the value (``Token "..." is invalid``); ours never does."""
+    secret = "s3cr3tpayload"
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        with pytest.raises(psycopg.DataError) as raw:
+            await conn.execute("SELECT %s::jsonb", (f'{{"card": {secret}}}',))
+    assert secret in str(raw.value), "the server's own message quotes it"
+    refused = refused_value(raw.value)
+    assert refused.code == "X_DRIVER_REQUEST_INVALID"
+    assert secret not in str(refused) and refused.meta["sqlstate"] == raw.value.sqlstate
+    with pytest.raises(DriverRequestInvalidError) as through:
+        await driver.enqueue(request("huge", delay_ms=10**18, payload={"card": secret}))
+    assert "SQLSTATE" in str(through.value) and secret not in str(through.value)
+    assert through.value.__cause__ is None and through.value.__suppress_context__
 
 
 async def test_odd_delays_and_instants(timed: PostgresDriver, clock: ManualClock) -> None:

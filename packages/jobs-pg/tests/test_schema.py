@@ -58,7 +58,8 @@ DECLARED_TABLES = {
         "id uuid!, name text!, queue text!, input jsonb!, idempotency_key text!,"
         "tenant_id text, max_attempts int4!, run_id uuid!, run_at timestamptz!,"
         "traceparent text, enqueued_by text, staged_at timestamptz!, claimed_at timestamptz,"
-        "claimed_by text, claim_expires_at timestamptz, published_at timestamptz"
+        "claimed_by text, claim_expires_at timestamptz, published_at timestamptz,"
+        "order_key text"
     ),
     "paused_queues": ("queue text!, paused_at timestamptz!"),
     "paused_tasks": ("task text!, paused_at timestamptz!"),
@@ -84,11 +85,13 @@ DECLARED_INDEXES = {
     "(state = ANY (ARRAY['ready'::text, 'delayed'::text, 'suspended'::text]))",
     "jobs_lapse": "(visible_at) WHERE (state = 'running'::text)",
     "jobs_listing": "(created_at, id)",
-    "jobs_run": "(run_id)",
+    "jobs_run": "UNIQUE (run_id)",
     "job_steps_waiting": "(event) WHERE (status = 'waiting'::text)",
     "events_find": "(name, published_at, seq)",
     "events_expiry": "(expires_at)",
     "outbox_unpublished": "(staged_at, id) WHERE (published_at IS NULL)",
+    "outbox_held": "(claim_expires_at) WHERE ((published_at IS NULL) AND "
+    "(claim_expires_at IS NOT NULL))",
     "backfills_name": "(name, started_at)",
 }
 
@@ -126,7 +129,7 @@ async def test_the_migrated_schema_is_the_declared_one(pg_url: str, migrated: st
     primary = {name for name in indexes if name.endswith("_pkey")}
     assert set(indexes) == set(DECLARED_INDEXES) | primary
     assert primary == {f"{table}_pkey" for table in DECLARED_TABLES}
-    assert sorted(functions) == ["claim_waiting", "wake", "wake_arm"]
+    assert sorted(functions) == ["claim_waiting", "run_id_taken", "wake", "wake_arm"]
 
 
 async def test_autovacuum_visits_the_jobs_table_early(pg_url: str, migrated: str) -> None:

@@ -1,8 +1,10 @@
-"""Enqueue: ids, dedupe of live keys, explicit ids, batches, due instants, NUL refusal."""
+"""Enqueue: ids, run ids, dedupe of live keys, explicit ids, batches, due instants, NUL refusal."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -14,9 +16,31 @@ from jobs_core.errors import (
     JobDuplicateError,
     JobInputInvalidError,
     JobOptionsInvalidError,
+    JobRunIdTakenError,
     JobsError,
 )
-from jobs_core.types import Fence, NackOptions, Settle
+from jobs_core.ids import new_id
+from jobs_core.types import Fence, NackOptions, Settle, StepRecord, StepWrite
+
+
+class _Note(BaseModel):
+    key: str
+    text: str = ""
+
+
+def _note_job(name: str, key: Callable[[_Note], str] | None = None) -> Any:
+    """Declare a job the tests only enqueue (its body never runs), in a registry of its own."""
+
+    async def body(input: _Note, step: object, ctx: object) -> None:
+        """Never run: the tests only enqueue."""
+
+    return job(
+        input=_Note,
+        idempotency_key=key or (lambda n: n.key),
+        tenant="none",
+        name=name,
+        registry=JobRegistry(),
+    )(body)
 
 
 async def test_enqueue_answers_the_requested_ids(target: Target) -> None:
@@ -101,6 +125,46 @@ async def test_an_explicit_id_meets_its_row_live_or_finished(target: Target) -> 
     assert await claim(driver) == []
 
 
+async def test_a_run_id_belongs_to_one_job(target: Target) -> None:
+    """A new job naming a run id another job holds or held is refused, naming that job.
+
+    Steps are keyed by run id: a new job on an old run would answer the old run's step outputs
+    (a new checkout answered with the old charge, never charging). A re-publish of the same job
+    id is not a reuse, and a batch with a refused request queues nothing.
+    """
+    driver = target.driver
+    old = request("checkout-1")
+    await driver.enqueue(old)
+    [held] = await claim(driver)
+    charged = StepRecord("charge", "completed", output={"charge": "ch_1"})
+    assert await driver.steps.write(StepWrite(held.id, held.fence, held.run_id, charged))
+    assert await driver.ack(held.id, Settle(held.fence))
+    with pytest.raises(JobRunIdTakenError) as raised:
+        await driver.enqueue(request("checkout-2", run_id=old.run_id))
+    assert raised.value.code == "X_JOB_RUN_ID_TAKEN"
+    assert raised.value.meta["holder"] == str(old.id)
+    assert str(old.id) in str(raised.value)
+    live = request("live")
+    await driver.enqueue(live)
+    with pytest.raises(JobRunIdTakenError) as in_batch:
+        await driver.enqueue_many([request("x"), request("y", run_id=live.run_id)])
+    assert in_batch.value.meta["holder"] == str(live.id)
+    twin = new_id()
+    with pytest.raises(JobRunIdTakenError):
+        await driver.enqueue_many([request("p", run_id=twin), request("q", run_id=twin)])
+    assert state_counts(await driver.stats()) == {"ready": 1, "done": 1}, (
+        "a refused batch queues nothing"
+    )
+    again = await driver.enqueue(request("checkout-1", job_id=old.id, run_id=old.run_id))
+    assert (again.id, again.run_id, again.deduped) == (old.id, old.run_id, True)
+    deduped = await driver.enqueue(request("live", run_id=old.run_id))
+    assert (deduped.id, deduped.deduped) == (live.id, True), "a deduped request inserts nothing"
+    checkout = _note_job("conformance.checkout")
+    with use_driver(driver), pytest.raises(JobRunIdTakenError):
+        await checkout.enqueue(_Note(key="o-2"), run_id=old.run_id)
+    assert state_counts(await driver.stats()) == {"ready": 1, "done": 1}
+
+
 async def test_on_conflict_error_through_the_facade(target: Target) -> None:
     """``on_conflict="error"`` raises X_JOB_DUPLICATE and leaves the live row alone."""
 
@@ -183,41 +247,55 @@ async def test_nul_is_refused_before_anything_is_written(target: Target) -> None
     with pytest.raises(JobsError):
         await driver.enqueue_many([request("ok"), request("nul", payload=["\x00"])])
     assert state_counts(await driver.stats()) == {}
-
-    class Note(BaseModel):
-        key: str
-        text: str = ""
-
-    registry = JobRegistry()
-
-    @job(
-        input=Note,
-        idempotency_key=lambda n: n.key,
-        tenant="none",
-        name="conformance.nul",
-        registry=registry,
-    )
-    async def note(input: Note, step: object, ctx: object) -> None:
-        """Never run: the test only enqueues."""
-
-    @job(
-        input=Note,
-        idempotency_key=lambda n: f"{n.key}\x00",
-        tenant="none",
-        name="conformance.nul-key",
-        registry=registry,
-    )
-    async def nul_key(input: Note, step: object, ctx: object) -> None:
-        """Never run: the test only enqueues."""
-
+    note = _note_job("conformance.nul")
+    nul_key = _note_job("conformance.nul-key", key=lambda n: f"{n.key}\x00")
     with use_driver(driver):
         with pytest.raises(JobInputInvalidError):
-            await note.enqueue(Note(key="k", text="a\x00b"))
+            await note.enqueue(_Note(key="k", text="a\x00b"))
         with pytest.raises(IdempotencyRequiredError):
-            await nul_key.enqueue(Note(key="k"))
+            await nul_key.enqueue(_Note(key="k"))
         with pytest.raises(JobOptionsInvalidError):
-            await note.enqueue(Note(key="k"), queue="q\x00")
+            await note.enqueue(_Note(key="k"), queue="q\x00")
     assert state_counts(await driver.stats()) == {}
+
+
+async def test_lone_surrogates_are_refused_alike_and_never_quoted(target: Target) -> None:
+    """A lone surrogate (U+D800..U+DFFF) anywhere is refused before anything is written.
+
+    No UTF-8 encodes one: Postgres refused it with a message quoting the payload around it, the
+    memory and Redis drivers stored it (Redis as a raw ``UnicodeEncodeError`` in a key). Every
+    driver now answers ``X_DRIVER_REQUEST_INVALID`` naming the field, and the facade
+    ``X_JOB_INPUT_INVALID``; neither quotes a value.
+    """
+    driver = target.driver
+    secret = "s3cr3t-payload"
+    for bad, field in [
+        (request("k", payload={"text": f"{secret}\ud800"}), "input"),
+        (request("k", payload=[secret, "\udc00"]), "input"),
+        (request(f"{secret}\ud800"), "idempotency_key"),
+        (request("k", tenant=f"{secret}\udfff"), "tenant_id"),
+        (request("k", queue="q\ud800"), "queue"),
+    ]:
+        with pytest.raises(JobsError) as raised:
+            await driver.enqueue(bad)
+        assert raised.value.code == "X_DRIVER_REQUEST_INVALID", field
+        assert raised.value.meta.get("field") == field
+        assert secret not in str(raised.value)
+        with pytest.raises(JobsError):
+            await driver.enqueue_many([request("ok"), bad])
+    assert state_counts(await driver.stats()) == {}
+    astral = await driver.enqueue(request("emoji", payload={"text": "ok \U0001f600"}))
+    [claimed] = await claim(driver)
+    assert (claimed.id, claimed.input) == (astral.id, {"text": "ok \U0001f600"})
+    note = _note_job("conformance.surrogate")
+    with use_driver(driver):
+        with pytest.raises(JobInputInvalidError) as facade:
+            await note.enqueue(_Note(key="k", text=f"{secret}\ud800"))
+        assert facade.value.meta["path"] == "$.text"
+        assert secret not in str(facade.value)
+        with pytest.raises(JobInputInvalidError):
+            await note.enqueue(_Note(key="k\ud800"))
+    assert state_counts(await driver.stats()) == {"running": 1}
 
 
 async def test_stale_fence_cannot_settle_a_row_enqueued_again(target: Target) -> None:

@@ -10,15 +10,37 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from pydantic import BaseModel
 
-from jobs_conformance.target import Target, request, state_counts
-from jobs_core.driver import LeaderLease, SchedulerState
+from jobs_conformance.target import Target, claim, request, state_counts
+from jobs_core import JobRegistry, Scheduler, job
+from jobs_core.clock import SYSTEM_CLOCK, Clock
+from jobs_core.driver import CounterStore, LeaderLease, SchedulerState
 from jobs_core.errors import JobsError
-from jobs_core.types import TaskFire
+from jobs_core.task import TaskRegistry, task
+from jobs_core.types import Settle, TaskFire
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 T1 = T0 + timedelta(hours=1)
 T2 = T0 + timedelta(hours=2)
+
+
+class _Ahead:
+    """A clock that runs ``offset`` ahead of another (a scheduler host whose NTP drifted)."""
+
+    def __init__(self, base: Clock, offset: timedelta) -> None:
+        self._base = base
+        self._offset = offset
+
+    def now(self) -> datetime:
+        return self._base.now() + self._offset
+
+    def monotonic(self) -> float:
+        return self._base.monotonic()
+
+
+class _Tick(BaseModel):
+    at: datetime
 
 
 def _state(target: Target) -> SchedulerState:
@@ -175,3 +197,91 @@ async def test_the_leader_lease_is_held_renewed_released_and_lapses(target: Targ
     assert await lease.holder() == "host:2:b"
     await lease.release("host:2:b")
     assert await lease.holder() is None
+
+
+async def test_the_scheduler_schedules_on_the_stores_clock(target: Target) -> None:
+    """A scheduler whose host runs 3 minutes ahead fires on the store's time, not ~172 s early.
+
+    It measures its skew against the driver's ``steps.now()`` (the database's ``now()``, Redis
+    ``TIME``) at each lease renewal and schedules on its own clock minus that skew.
+    """
+    state = _state(target)
+    registry = JobRegistry()
+
+    @job(
+        input=_Tick,
+        idempotency_key=lambda t: t.at.isoformat(),
+        tenant="none",
+        name="conformance.skew",
+        registry=registry,
+    )
+    async def tick(input: _Tick, step: object, ctx: object) -> None:
+        """Never run: the test only checks when it is enqueued."""
+
+    tasks = TaskRegistry()
+    every_five = task(
+        cron="*/5 * * * *",
+        tz="UTC",
+        enqueue=lambda at: [(tick, _Tick(at=at))],
+        name="conformance.skew",
+        registry=tasks,
+    )
+    ahead = timedelta(minutes=3)
+    scheduler = Scheduler(
+        target.driver,
+        state=state,
+        tasks=[every_five],
+        clock=_Ahead(target.clock or SYSTEM_CLOCK, ahead),
+        leader=False,
+    )
+    assert await scheduler.tick_once() == []
+    assert abs(scheduler.clock_skew_ms - ahead.total_seconds() * 1000) < 5_000
+    store_now = await target.driver.steps.now()
+    started = (await state.watermarks())["conformance.skew"]
+    assert abs((started - store_now).total_seconds()) < 5, "a new task starts at the store's now"
+    if not target.manual:
+        return
+    first = every_five.schedule.next_after(started)
+    # 10 s before the occurrence on the store's clock: the host clock reads 2 min 50 s past it.
+    await target.advance(int((first - store_now).total_seconds() * 1000) - 10_000)
+    assert await scheduler.tick_once() == [], "fired early by the host's skew"
+    assert state_counts(await target.driver.stats()) == {}
+    await target.advance(11_000)
+    [fired] = await scheduler.tick_once()
+    assert fired.occurrence == first
+    assert abs((fired.fired_at - (await target.driver.steps.now())).total_seconds()) < 5
+    assert state_counts(await target.driver.stats()) == {"ready": 1}
+
+
+async def test_the_scheduler_leader_rolls_the_counters_up(target: Target) -> None:
+    """The leader folds the driver's counters once a minute; a standby never does.
+
+    Without it minute buckets piled up and a busy job's history was cut at the newest 4,176
+    buckets (~2.9 days of minutes).
+    """
+    state = _state(target)
+    counters: CounterStore = target.require("counters")
+    lease = _lease(target)
+    if not target.manual:
+        pytest.skip("NOT APPLICABLE: folding needs a day to pass on the driver's clock")
+    driver = target.driver
+    await driver.enqueue(request("counted", name="conformance.counted"))
+    [held] = await claim(driver)
+    assert await driver.ack(held.id, Settle(held.fence, duration_ms=5.0))
+    since = (await driver.steps.now()) - timedelta(days=1)
+    [minute] = await counters.counters("conformance.counted", since)
+    assert (minute.tier, minute.done) == ("1m", 1)
+    leader, standby = (
+        # A lease that outlives the day that passes below, so the leader stays the leader.
+        Scheduler(driver, state=state, leader=lease, tasks=[], clock=target.clock, leader_ttl="3d")
+        for _ in range(2)
+    )
+    await leader.tick_once()
+    await standby.tick_once()
+    assert leader.is_leader and not standby.is_leader
+    await target.advance(25 * 3_600_000)
+    await standby.tick_once()
+    assert [b.tier for b in await counters.counters("conformance.counted", since)] == ["1m"]
+    await leader.tick_once()
+    [folded] = await counters.counters("conformance.counted", since)
+    assert (folded.tier, folded.done, folded.duration_ms) == ("5m", 1, 5.0)

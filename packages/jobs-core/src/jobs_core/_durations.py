@@ -77,6 +77,8 @@ def _to_ms(value: object) -> int:
             raise ValueError(f"a duration must be finite, got {value!r}")
         return _away_from_zero(value)
     if isinstance(value, str):
+        if value.strip() == "0":
+            return 0  # zero needs no unit (``done_ttl=0`` in a URL query)
         match = _PATTERN.match(value)
         if match is None:
             raise ValueError(f"unreadable duration {value!r}")

@@ -648,7 +648,13 @@ def demo(
 
 
 async def _serve_relay(
-    driver: JobDriver, store: OutboxStore, *, batch: int, claim_lease: str, poll_interval: str
+    driver: JobDriver,
+    store: OutboxStore,
+    *,
+    batch: int,
+    claim_lease: str,
+    poll_interval: str,
+    exclusive: bool = True,
 ) -> None:
     """Run a relay from ``store`` to ``driver`` until SIGTERM or SIGINT, then close the driver.
 
@@ -659,7 +665,12 @@ async def _serve_relay(
     handled = False
     try:
         relay = Relay(
-            store, driver, batch=batch, claim_lease=claim_lease, poll_interval=poll_interval
+            store,
+            driver,
+            batch=batch,
+            claim_lease=claim_lease,
+            poll_interval=poll_interval,
+            exclusive=exclusive,
         )
         # Held here: the loop keeps only weak references to tasks.
         stopping: list[asyncio.Task[None]] = []
@@ -716,6 +727,15 @@ def relay(
             "--poll-interval", help="The pause after a pass that found less than a full batch."
         ),
     ] = "1s",
+    exclusive: Annotated[
+        bool,
+        typer.Option(
+            "--exclusive/--side-by-side",
+            help="Exclusive: one relay publishes at a time (the store's relay lease; a second "
+            "one takes over when it lapses), in global staging order. Side by side: relays "
+            "publish together, in order per order_key only.",
+        ),
+    ] = True,
     log_level: LogLevelOption = LogLevel.INFO,
 ) -> None:
     """Publish committed outbox rows to the driver until SIGTERM or SIGINT.
@@ -751,7 +771,12 @@ def relay(
             raise
         asyncio.run(
             _serve_relay(
-                opened, store, batch=batch, claim_lease=claim_lease, poll_interval=poll_interval
+                opened,
+                store,
+                batch=batch,
+                claim_lease=claim_lease,
+                poll_interval=poll_interval,
+                exclusive=exclusive,
             )
         )
     except JobsError as exc:

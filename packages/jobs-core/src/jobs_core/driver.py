@@ -29,8 +29,10 @@ from uuid import UUID
 from jobs_core.errors import (
     DriverRequestInvalidError,
     DriverUnknownError,
+    JobRunIdTakenError,
     NotImplementedByDriverError,
 )
+from jobs_core.serialization import text_problem
 from jobs_core.types import (
     BulkResult,
     ClaimedJob,
@@ -76,11 +78,24 @@ def check_enqueue_request(req: EnqueueRequest) -> None:
 
     Raises:
         DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty ``name``,
-            ``queue`` or ``idempotency_key`` (all named in ``fields``), or ``max_attempts``
-            below 1.
+            ``queue`` or ``idempotency_key`` (all named in ``fields``), ``max_attempts`` below 1,
+            or text holding U+0000 or a lone surrogate (Postgres refuses both; no UTF-8 encodes
+            a surrogate, so Redis's client could not send it), naming the field.
     """
-    if req.name and req.queue and req.idempotency_key and req.max_attempts >= 1:
-        return  # the common case builds nothing
+    # One string, one scan: the common case (plain ASCII text) costs ~0.1 µs.
+    joined = (
+        f"{req.name}{req.queue}{req.idempotency_key}{req.tenant_id or ''}"
+        f"{req.enqueued_by or ''}{req.traceparent or ''}{req.order_key or ''}"
+    )
+    if (
+        req.name
+        and req.queue
+        and req.idempotency_key
+        and req.max_attempts >= 1
+        and joined.isascii()
+        and "\x00" not in joined
+    ):
+        return
     empty = [
         what
         for what, value in (
@@ -98,6 +113,48 @@ def check_enqueue_request(req: EnqueueRequest) -> None:
         raise DriverRequestInvalidError(
             f"max_attempts must be >= 1, got {req.max_attempts}", job=req.name
         )
+    for what, text in (
+        ("name", req.name),
+        ("queue", req.queue),
+        ("idempotency_key", req.idempotency_key),
+        ("tenant_id", req.tenant_id),
+        ("enqueued_by", req.enqueued_by),
+        ("traceparent", req.traceparent),
+        ("order_key", req.order_key),
+    ):
+        problem = None if text is None else text_problem(text)
+        if problem is not None:
+            raise DriverRequestInvalidError(f"{what} {problem}", field=what)
+
+
+def check_run_ids(reqs: Sequence[EnqueueRequest]) -> None:
+    """Refuse a batch in which two jobs share a run id: every driver calls this in ``enqueue_many``.
+
+    A run id belongs to one job (its steps are keyed by it); the same id twice in one batch (a
+    re-publish) is one job, not a reuse.
+
+    Raises:
+        JobRunIdTakenError: ``X_JOB_RUN_ID_TAKEN`` naming both job ids.
+    """
+    if len(reqs) < 2:
+        return
+    owners: dict[UUID, UUID] = {}
+    for req in reqs:
+        owner = owners.setdefault(req.run_id, req.id)
+        if owner != req.id:
+            raise run_id_taken(req, owner)
+
+
+def run_id_taken(req: EnqueueRequest, holder: UUID | str) -> JobRunIdTakenError:
+    """Answer the refusal of ``req``, whose run id the job ``holder`` holds or held."""
+    return JobRunIdTakenError(
+        f"{req.name}: run id {req.run_id} belongs to job {holder}, not to the new job {req.id}; "
+        "omit run_id= to mint one",
+        job=req.name,
+        job_id=str(req.id),
+        run_id=str(req.run_id),
+        holder=str(holder),
+    )
 
 
 @runtime_checkable
@@ -147,9 +204,13 @@ class JobDriver(Protocol):
         its ids with ``deduped=True`` and insert nothing. A request whose ``id`` names an existing
         row (live or finished) answers that row with ``deduped=True``. A row with ``run_at`` (or
         ``delay_ms``) in the future is ``delayed``, else ``ready``; a past ``run_at`` is due now.
+        A run id belongs to one job: a request that would insert a row whose ``run_id`` another
+        row holds (live or finished) is refused.
 
         Raises:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``, nothing was queued.
+            JobRunIdTakenError: ``X_JOB_RUN_ID_TAKEN`` (see :func:`run_id_taken`), nothing
+                was queued.
         """
         ...
 
@@ -157,7 +218,8 @@ class JobDriver(Protocol):
         """Queue many rows with :meth:`enqueue`'s semantics, in one round trip per 1,000.
 
         Answers in input order; a later request in the batch whose key matches an earlier one
-        answers the earlier row with ``deduped=True``.
+        answers the earlier row with ``deduped=True``. All or none: a request refused (its run
+        id taken, see :func:`check_run_ids`) queues nothing of the batch.
         """
         ...
 
@@ -472,6 +534,11 @@ class OutboxStore(Protocol):
 
     ``tx`` is the store's transaction handle (the pg store takes a psycopg connection inside a
     transaction; the memory store its own :class:`~jobs_core.outbox.MemoryTransaction`).
+
+    Optional members, used when present: ``stage_many(reqs, tx)`` (see :class:`OutboxStageMany`;
+    absent, the facade stages one by one) and ``relay_lease`` (a :class:`LeaderLease` that one
+    relay at a time holds, so a second one takes over only when it lapses; absent, relays claim
+    side by side and only the claim rule keeps each lane in order).
     """
 
     def ambient(self) -> Any | None:
@@ -482,14 +549,14 @@ class OutboxStore(Protocol):
         """Write ``req`` into the outbox on ``tx``; it commits and rolls back with ``tx``."""
         ...
 
-    async def stage_many(self, reqs: Sequence[EnqueueRequest], tx: Any) -> None:
-        """Stage many requests on ``tx`` in one round trip per 1,000."""
-        ...
-
     async def claim(self, req: OutboxClaim) -> list[OutboxRow]:
-        """Take up to ``req.limit`` committed, unpublished rows whose claim is free or lapsed.
+        """Take up to ``req.limit`` committed, unpublished rows, in ``(staged_at, id)`` order.
 
-        Answers them in ``(staged_at, id)`` order, each carrying this claim's token.
+        A row is taken only when its claim is free or lapsed AND no unpublished row of its lane
+        (``request.order_key``; rows without one share a lane) staged before it is still held
+        by an unexpired claim (another relay's, or an earlier one of this relay): a relay
+        restarted after a crash never publishes a later row before the rows its predecessor
+        still held. Each taken row carries this claim's token.
         """
         ...
 
@@ -499,6 +566,15 @@ class OutboxStore(Protocol):
 
     async def mark_published(self, ids: Sequence[UUID], token: str) -> int:
         """Mark rows published, fenced on ``token``; answer how many were still this claim's."""
+        ...
+
+
+@runtime_checkable
+class OutboxStageMany(Protocol):
+    """The optional batch form of :meth:`OutboxStore.stage`."""
+
+    async def stage_many(self, reqs: Sequence[EnqueueRequest], tx: Any) -> None:
+        """Stage many requests on ``tx`` (all or none) in one round trip per 1,000."""
         ...
 
 
@@ -629,6 +705,25 @@ class Migratable(Protocol):
     async def migrate(self) -> list[str]:
         """Apply what the backend lacks (safe to call concurrently); answer what was applied."""
         ...
+
+
+async def demand_when_busy(driver: JobDriver, stats: Sequence[QueueStats]) -> dict[str, int]:
+    """Answer ``driver.demand()``, asked only when ``stats`` (just read) show work.
+
+    Demand counts running rows and due, claimable ones; with no ``ready``, ``running`` or
+    ``suspended`` row in any queue it is 0 everywhere, and the driver is not asked (its demand
+    query is the costlier of the two, and idle fleets refresh their gauges all day).
+
+    Args:
+        driver: the driver ``stats`` came from.
+        stats: its ``stats()`` answer.
+
+    Returns:
+        Demand per queue; ``{}`` (0 for every queue) when nothing is waiting or running.
+    """
+    if not any(queue.ready or queue.running or queue.suspended for queue in stats):
+        return {}
+    return await driver.demand()
 
 
 def capability(driver: JobDriver, name: str) -> Any | None:

@@ -79,6 +79,13 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "terminal",
     ),
     ErrorCode(
+        "X_JOB_RUN_ID_TAKEN",
+        "JobRunIdTakenError",
+        "An enqueue named a run id that another job holds or held; its steps would answer that job's outputs.",
+        "Omit run_id= so a fresh one is minted; a run id belongs to one job (re-publish that job by its own id instead).",
+        "terminal",
+    ),
+    ErrorCode(
         "X_JOB_OPTIONS_INVALID",
         "JobOptionsInvalidError",
         "An enqueue option (delay, run_at, queue, tenant_id, run_id, ...) is malformed.",
@@ -492,6 +499,12 @@ class JobInputInvalidError(JobsError):
     """A job's input does not validate against its declared input model."""
 
     code = "X_JOB_INPUT_INVALID"
+
+
+class JobRunIdTakenError(JobsError):
+    """An enqueue named a run id that another job holds or held; its steps would answer that job's outputs."""
+
+    code = "X_JOB_RUN_ID_TAKEN"
 
 
 class JobOptionsInvalidError(JobsError):

@@ -60,6 +60,7 @@ from jobs_core.steps import StepRunner, StepSuspended, SyncStep, UnwindReached, 
 from jobs_core.tenancy import Actor, acting_as
 from jobs_core.types import (
     LEASE_LAPSED_FINAL_ATTEMPT,
+    PROGRESS_INTERVAL_MS,
     ClaimedJob,
     ErrorInfo,
     JSONValue,
@@ -399,7 +400,7 @@ def _actor(name: str, tenant: str | None) -> Actor:
 
 
 class _ProgressReporter:
-    """``JobContext.progress``'s writer: at most one write per second, the latest value wins.
+    """``JobContext.progress``'s writer: one write per ``PROGRESS_INTERVAL_MS``, the latest wins.
 
     Callable from the loop or from a sync body's thread; the write runs on the worker's loop.
     """
@@ -417,7 +418,7 @@ class _ProgressReporter:
     def __call__(self, progress: JSONValue) -> None:
         """Schedule ``progress``'s write unless one was scheduled less than a second ago."""
         now = self._clock.monotonic()
-        if now - self._last >= 1.0:
+        if now - self._last >= PROGRESS_INTERVAL_MS / 1000:
             self._last = now
             self._loop.call_soon_threadsafe(self._write, progress)
 

@@ -45,6 +45,7 @@ from jobs_core.driver import (
     StepResolution,
     WorkerRegistry,
     capability,
+    demand_when_busy,
     require_capability,
 )
 from jobs_core.errors import DriverRequestInvalidError, JobNotFoundError, JobNotRequeueableError
@@ -583,8 +584,9 @@ async def stats(driver: JobDriver) -> list[QueueOverview]:
     A queue appears when it has rows or is paused. ``paused`` is ``None`` on a driver without
     ``introspect`` (counts and demand are part of every driver).
     """
-    counts = {s.queue: s for s in await driver.stats()}
-    demand = await driver.demand()
+    stats_rows = await driver.stats()
+    counts = {s.queue: s for s in stats_rows}
+    demand = await demand_when_busy(driver, stats_rows)
     introspect: Introspector | None = capability(driver, "introspect")
     paused = None if introspect is None else set(await introspect.paused_queues())
     names = sorted(set(counts) | set(demand) | (paused or set()))

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar, cast
 from uuid import UUID
 
-from pydantic import SecretStr, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from jobs_core._current import current_driver, run_sync
 from jobs_core._durations import Duration, duration_problem, parse_duration
+from jobs_core._inputs import check_texts, issue_text, round_trips, stored_input
 from jobs_core._tracing import current_traceparent
 from jobs_core.errors import (
     EnqueueBatchTooLargeError,
@@ -35,10 +35,10 @@ from jobs_core.ids import new_id
 from jobs_core.limits import Concurrency
 from jobs_core.outbox import submit_many, submit_one
 from jobs_core.retry import Retry
-from jobs_core.serialization import NotJSONError, to_json_form
 from jobs_core.tenancy import Actor, crossing_reason, current_actor
 from jobs_core.types import (
     MAX_ENQUEUE_BATCH,
+    ON_SETTLED_TIMEOUT_MS,
     UNWIND_MARGIN,
     EnqueueRequest,
     EnqueueResult,
@@ -162,6 +162,8 @@ class JobHandle(Generic[I, R]):
         self.queue = queue
         self.input_type = input_type
         self.adapter: TypeAdapter[I] = TypeAdapter(input_type)
+        # Whether the stored form needs proving at each enqueue (see jobs_core._inputs).
+        self._prove_inputs = not round_trips(self.adapter.core_schema)
         self.idempotency_key = idempotency_key
         self.tenant = tenant
         self.retry = retry
@@ -197,11 +199,13 @@ class JobHandle(Generic[I, R]):
                 payload) in ``meta["issues"]``.
         """
         try:
-            return self.adapter.validate_python(value)
+            # By field name too: the stored form names fields, not their aliases, so a field
+            # with an alias comes back (a body once got the default instead of its value).
+            return self.adapter.validate_python(value, by_alias=True, by_name=True)
         except ValidationError as exc:
             issues = exc.errors(include_url=False, include_input=False, include_context=False)
             raise JobInputInvalidError(
-                f"input of {self.name} does not validate: {_issue_text(issues)}",
+                f"input of {self.name} does not validate: {issue_text(issues)}",
                 job=self.name,
                 issues=[{"loc": list(i["loc"]), "msg": i["msg"]} for i in issues],
             ) from None
@@ -235,6 +239,7 @@ class JobHandle(Generic[I, R]):
         run_id: UUID | None = None,
         actor: Actor | None = None,
         job_id: UUID | None = None,
+        order_key: str | None = None,
     ) -> EnqueueRequest:
         """Validate one enqueue and answer the request a driver receives; writes nothing.
 
@@ -247,6 +252,7 @@ class JobHandle(Generic[I, R]):
             run_id: name the run instead of minting one.
             actor: the actor of :meth:`enqueue_as`.
             job_id: the job id to use (the outbox allocates it at stage time).
+            order_key: the outbox lane (see :meth:`enqueue`).
 
         Raises:
             JobInputInvalidError: ``X_JOB_INPUT_INVALID``.
@@ -255,30 +261,12 @@ class JobHandle(Generic[I, R]):
             JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` naming the bad option.
         """
         parsed = self.parse_input(input)
-        try:
-            stored = to_json_form(
-                _faithful(
-                    self.adapter.dump_python(parsed, mode="json"),
-                    self.adapter.dump_python(parsed, mode="python"),
-                )
-            )
-        except NotJSONError as exc:
-            raise JobInputInvalidError(
-                f"input of {self.name} has no JSON form at {exc.path}: {exc.reason}",
-                job=self.name,
-                path=exc.path,
-            ) from None
-        except (ValueError, TypeError, RecursionError) as exc:
-            # pydantic's serializer refuses what it cannot dump (undecodable bytes, cycles,
-            # nesting too deep) with plain errors; name the job and keep the payload out.
-            raise JobInputInvalidError(
-                f"input of {self.name} has no JSON form: {type(exc).__name__}", job=self.name
-            ) from None
+        stored = stored_input(self.adapter, parsed, self.name, prove=self._prove_inputs)
         key = self.idempotency_key(parsed)
         if not isinstance(key, str) or not key or _NUL in key:
             raise IdempotencyRequiredError(
                 f"idempotency_key(input) of {self.name} answered "
-                f"{'text containing U+0000 (NUL)' if isinstance(key, str) and key else repr(key)}; "
+                f"{_key_shape(key)}; "
                 "it must be non-empty text without NUL (FIELD-FAILURES C22: no driver stores it)",
                 job=self.name,
             )
@@ -297,6 +285,26 @@ class JobHandle(Generic[I, R]):
             raise JobOptionsInvalidError(
                 "queue: must be non-empty text without U+0000 (NUL)", option="queue"
             )
+        if order_key is not None and (
+            not isinstance(order_key, str) or not order_key or _NUL in order_key
+        ):
+            raise JobOptionsInvalidError(
+                "order_key: non-empty text without U+0000 (NUL) naming the outbox lane",
+                option="order_key",
+            )
+        # NUL was refused above; a lone surrogate is what is left, only past ASCII.
+        texts = f"{key}{row_tenant or ''}{enqueued_by or ''}{target_queue}{order_key or ''}"
+        if not texts.isascii():
+            check_texts(
+                self.name,
+                (
+                    ("idempotency_key", key),
+                    ("tenant_id", row_tenant),
+                    ("enqueued_by", enqueued_by),
+                    ("queue", target_queue),
+                    ("order_key", order_key),
+                ),
+            )
         if run_id is not None and not isinstance(run_id, UUID):
             raise JobOptionsInvalidError("run_id: must be a UUID", option="run_id")
         return EnqueueRequest(
@@ -313,6 +321,7 @@ class JobHandle(Generic[I, R]):
             # The enqueuing span, when OpenTelemetry is installed: the attempt's span is its child.
             traceparent=current_traceparent(),
             enqueued_by=enqueued_by,
+            order_key=order_key,
         )
 
     def _check_tenant(
@@ -372,6 +381,7 @@ class JobHandle(Generic[I, R]):
         run_id: UUID | None = None,
         on_conflict: OnConflict = "dedupe",
         outbox: Any = None,
+        order_key: str | None = None,
     ) -> EnqueueResult:
         """Queue one run of this job on the installed driver, or stage it in the outbox.
 
@@ -388,6 +398,9 @@ class JobHandle(Generic[I, R]):
             outbox: with an outbox installed (:func:`~jobs_core.outbox.install_outbox`), the
                 transaction to stage on; ``None`` stages on the store's ambient transaction if
                 one is open; ``False`` bypasses the outbox and queues directly.
+            order_key: for a staged enqueue, its outbox lane: rows sharing a key are published
+                in staging order even by relays running side by side (``Relay(exclusive=
+                False)``); rows without one share one lane. Ignored when queued directly.
 
         Returns:
             ``EnqueueResult(id, run_id, deduped)``. A staged enqueue answers the ids the job
@@ -413,6 +426,7 @@ class JobHandle(Generic[I, R]):
             queue=queue,
             tenant_id=tenant_id,
             run_id=run_id,
+            order_key=order_key,
         )
 
     async def enqueue_as(
@@ -426,6 +440,7 @@ class JobHandle(Generic[I, R]):
         run_id: UUID | None = None,
         on_conflict: OnConflict = "dedupe",
         outbox: Any = None,
+        order_key: str | None = None,
     ) -> EnqueueResult:
         """Queue on behalf of ``actor``: tenant from ``actor.org_id``, ``enqueued_by`` its id.
 
@@ -441,6 +456,7 @@ class JobHandle(Generic[I, R]):
             queue=queue,
             run_id=run_id,
             actor=actor,
+            order_key=order_key,
         )
 
     def enqueue_sync(
@@ -454,6 +470,7 @@ class JobHandle(Generic[I, R]):
         run_id: UUID | None = None,
         on_conflict: OnConflict = "dedupe",
         outbox: Any = None,
+        order_key: str | None = None,
     ) -> EnqueueResult:
         """:meth:`enqueue` for synchronous code (a sync body, a script, a sync web view).
 
@@ -473,6 +490,7 @@ class JobHandle(Generic[I, R]):
                 run_id=run_id,
                 on_conflict=on_conflict,
                 outbox=outbox,
+                order_key=order_key,
             )
         )
 
@@ -506,6 +524,7 @@ class JobHandle(Generic[I, R]):
         tenant_id: str | None = None,
         on_conflict: OnConflict = "dedupe",
         outbox: Any = None,
+        order_key: str | None = None,
     ) -> list[EnqueueResult]:
         """Queue many runs of this job: one driver round trip per 1,000 inputs.
 
@@ -517,6 +536,7 @@ class JobHandle(Generic[I, R]):
         one ``stage_many``: each input answers its future job ids with ``deduped=False``, except
         one repeating an earlier input's key, which answers that input's ids with
         ``deduped=True``; whether a live row already holds a key is known only at publish.
+        ``order_key`` names the batch's outbox lane, as in :meth:`enqueue`.
 
         Raises:
             EnqueueBatchTooLargeError: ``X_JOB_ENQUEUE_BATCH_TOO_LARGE`` above
@@ -542,7 +562,12 @@ class JobHandle(Generic[I, R]):
             try:
                 reqs.append(
                     self.build_request(
-                        item, run_at=run_at, delay=delay, queue=queue, tenant_id=tenant_id
+                        item,
+                        run_at=run_at,
+                        delay=delay,
+                        queue=queue,
+                        tenant_id=tenant_id,
+                        order_key=order_key,
                     )
                 )
             except Exception as exc:
@@ -600,33 +625,11 @@ class JobHandle(Generic[I, R]):
         return cast(R, await run_inline(self, input, current_driver()))
 
 
-def _faithful(dumped: Any, live: Any) -> Any:
-    """Undo the two things pydantic's JSON mode changes silently in an input.
-
-    A ``SecretStr`` is dumped as ``"**********"``: the stored row must carry the real value or
-    the body would receive the mask (operators never see it: the operator surface redacts it).
-    A NaN or infinite float is dumped as ``null``: it is put back so :func:`to_json_form` refuses
-    it, as it refuses it in a step output. ``live`` is the python-mode dump of the same value,
-    whose shape matches ``dumped`` item for item.
-    """
-    if isinstance(live, SecretStr):
-        return live.get_secret_value()
-    if isinstance(live, float) and not math.isfinite(live):
-        return live
-    if isinstance(dumped, dict) and isinstance(live, dict):
-        return {
-            key: _faithful(value, original)
-            for (key, value), original in zip(dumped.items(), live.values(), strict=False)
-        }
-    if isinstance(dumped, list) and isinstance(live, list | tuple):
-        return [_faithful(v, o) for v, o in zip(dumped, live, strict=False)]
-    return dumped
-
-
-def _issue_text(issues: Sequence[Any]) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in issue['loc']) or '(root)'}: {issue['msg']}" for issue in issues
-    )
+def _key_shape(key: object) -> str:
+    """Describe a refused idempotency key without quoting it (it may come from the payload)."""
+    if isinstance(key, str):
+        return "text containing U+0000 (NUL)" if key else "''"
+    return "None" if key is None else f"a value of type {type(key).__name__}, not text"
 
 
 def _timing(run_at: datetime | None, delay: Duration | None) -> tuple[int, datetime | None]:
@@ -692,7 +695,7 @@ def job(
     event_poll: Duration | None = None,
     compensates: bool = False,
     on_settled: Callable[[Settled], Any] | None = None,
-    on_settled_timeout: Duration = "30s",
+    on_settled_timeout: Duration = ON_SETTLED_TIMEOUT_MS,
     registry: JobRegistry | None = None,
 ) -> Callable[[Callable[..., Any]], JobHandle[Any, Any]]:
     """Declare a job; decorate ``async def body(input, step, ctx)`` (or a plain ``def``).
@@ -711,7 +714,8 @@ def job(
             bus that wakes waiters).
         compensates: allow ``step.run(..., compensate=fn)``; rows get 2 extra attempts to unwind.
         on_settled: hook told once per ending.
-        on_settled_timeout: ceiling across the hook's tries (default 30 s).
+        on_settled_timeout: ceiling across the hook's tries (default ``ON_SETTLED_TIMEOUT_MS``,
+            30 s).
         registry: the registry to join (default :data:`REGISTRY`).
 
     Returns:
@@ -813,7 +817,7 @@ def job(
             event_poll_ms=event_poll_ms,
             compensates=compensates,
             on_settled=on_settled,
-            on_settled_timeout_ms=settled_timeout_ms or 30_000,
+            on_settled_timeout_ms=settled_timeout_ms or ON_SETTLED_TIMEOUT_MS,
             registry=registry if isinstance(registry, JobRegistry) else REGISTRY,
         )
         handle.registry.register(handle)

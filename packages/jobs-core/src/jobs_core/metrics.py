@@ -15,6 +15,8 @@ series                                    kind       meaning
 ``job_worker_in_flight``                  gauge      attempts running, summed over the
                                                      process's workers
 ``job_worker_capacity``                   gauge      slots, summed likewise
+``scheduler_clock_skew_seconds``          gauge      a scheduler's clock minus its store's
+                                                     (positive: its host runs ahead)
 ========================================  =========  ==========================================
 
 Each :class:`JobsMetrics` owns a :class:`~prometheus_client.CollectorRegistry` rather than using
@@ -36,7 +38,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from jobs_core.driver import JobDriver
+from jobs_core.driver import JobDriver, demand_when_busy
 
 if TYPE_CHECKING:
     from jobs_core.worker import Worker, WorkerStats
@@ -133,6 +135,11 @@ class JobsMetrics:
             registry=self.registry,
         )
         capacity.set_function(self._summed(lambda stats: stats.capacity))
+        self.clock_skew = Gauge(
+            "scheduler_clock_skew_seconds",
+            "The scheduler's clock minus its store's at the last measure, in seconds.",
+            registry=self.registry,
+        )
 
     def _summed(self, read: Callable[[WorkerStats], int]) -> Callable[[], float]:
         def total() -> float:
@@ -173,6 +180,9 @@ class JobsMetrics:
     async def refresh(self, driver: JobDriver, *, draining: bool = False) -> None:
         """Set the queue gauges from ``driver.stats()`` and ``driver.demand()``.
 
+        ``demand()`` is asked only when the stats show work (a ready, running or suspended row):
+        an idle fleet refreshes its gauges with one query, not two.
+
         Args:
             driver: the driver to read.
             draining: publish a demand of 0 for every queue (this process is going away, so an
@@ -183,7 +193,7 @@ class JobsMetrics:
                 last values.
         """
         stats = await driver.stats()
-        demand = {} if draining else await driver.demand()
+        demand = {} if draining else await demand_when_busy(driver, stats)
         for queue in stats:
             self.depth.labels(queue.queue).set(queue.ready)
             self.oldest_ready.labels(queue.queue).set(queue.oldest_ready_ms / 1000)

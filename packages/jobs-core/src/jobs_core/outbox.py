@@ -12,14 +12,20 @@ it; a :class:`Relay` later publishes committed rows to the driver.
   at-least-once publishing, exactly one job. ``deduped`` is known only at publish, so a staged
   enqueue answers ``deduped=False``, except for an input that repeats an earlier one of the same
   ``enqueue_many`` batch, which is answered with that input's ids.
-* **Order.** A relay publishes its claimed batch in ``(staged_at, id)`` order and stops at the
-  first failed publish, releasing that row and every later one at once, so a later row never
-  overtakes an earlier one within a relay. Two relays each publish their own claimed batch; run
-  one relay when a strict order across the whole outbox matters (a second one then only takes
-  over rows whose claim lapsed).
-* **One mark per batch.** Marking each row as it is published was rejected: it doubles the round
-  trips, and the explicit-id publish already makes a crash between publish and mark harmless (the
-  rows are re-claimed after the lease and re-published onto the same ids).
+* **Order, across crashes.** A relay publishes its claimed batch in ``(staged_at, id)`` order
+  with one ``enqueue_many`` and stops at the first row that fails, releasing it and every later
+  one at once. A claim never takes a row staged after one that is still held by an unexpired
+  claim of its lane (:meth:`~jobs_core.driver.OutboxStore.claim`): a relay restarted after a
+  SIGKILL waits for the dead relay's rows to lapse and publishes them first, where it used to
+  skip them and publish later rows ahead (50 rows arrived late in the field, "K:126 after
+  K:1000"). By default one relay at a time holds the store's relay lease and a second one only
+  takes over when it lapses (``exclusive=True``): global staging order. Relays that should
+  publish side by side (``exclusive=False``) keep the order per ``order_key`` (an enqueue
+  option; rows without one share one lane): global order needs one relay.
+* **One publish and one mark per batch.** Publishing row by row was rejected: a round trip per
+  row. Marking each row as it is published was rejected too: the explicit-id publish already
+  makes a crash between publish and mark harmless (the rows are re-claimed after the lease and
+  re-published onto the same ids).
 
 The memory store (:class:`MemoryOutboxStore`) is for tests and the demo: its transactions hold only
 staged rows. Production stages on the app's database transaction (``jobs_pg``).
@@ -36,18 +42,18 @@ from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
-from uuid import UUID, uuid4
+from uuid import uuid4
 
 from jobs_core._current import current_driver
 from jobs_core._durations import Duration, parse_duration
-from jobs_core.driver import JobDriver, OutboxStore
+from jobs_core.driver import JobDriver, LeaderLease, OutboxStageMany, OutboxStore
 from jobs_core.drivers.memory_outbox import MemoryOutboxStore, MemoryTransaction
 from jobs_core.errors import (
     JobOptionsInvalidError,
     OutboxNoTransactionError,
     error_code,
 )
-from jobs_core.types import ENQUEUE_CHUNK, EnqueueRequest, EnqueueResult, OutboxClaim
+from jobs_core.types import ENQUEUE_CHUNK, EnqueueRequest, EnqueueResult, OutboxClaim, OutboxRow
 
 _log = logging.getLogger("jobs.outbox")
 
@@ -222,6 +228,7 @@ async def submit_many(reqs: Sequence[EnqueueRequest], outbox: Any) -> list[Enque
 
     Staged, an input whose ``(name, tenant, key)`` repeats an earlier one of the batch is not
     staged and answers the earlier one's ids with ``deduped=True``, as the driver would answer it.
+    A store without ``stage_many`` (it is optional) stages them one by one on the transaction.
 
     Returns:
         One result per request, in input order.
@@ -247,7 +254,11 @@ async def submit_many(reqs: Sequence[EnqueueRequest], outbox: Any) -> list[Enque
         staged.append(req)
         results.append(EnqueueResult(req.id, req.run_id, deduped=False))
     store, tx = target
-    await store.stage_many(staged, tx)
+    if isinstance(store, OutboxStageMany):
+        await store.stage_many(staged, tx)
+    else:
+        for req in staged:
+            await store.stage(req, tx)
     return results
 
 
@@ -262,24 +273,32 @@ def _ms(value: Duration, name: str) -> int:
 
 
 class Relay:
-    """Publishes committed outbox rows to a driver.
+    """Publishes committed outbox rows to a driver, in staging order, across crashes.
 
-    A pass claims up to ``batch`` rows under a lease of ``claim_lease``, publishes them one by one
-    with ``driver.enqueue`` in ``(staged_at, id)`` order, stops at the first failed publish
-    (logging ``jobs.outbox.publish-failed``) and releases that row and the rest at once, then
-    marks the published rows with one ``mark_published`` fenced on its claim. A claim lost to
-    another relay after the lease lapsed is logged ``jobs.outbox.claim-lost``: that relay
-    re-publishes those rows onto the same job ids, so no job is doubled.
+    A pass (with ``exclusive``, only while this relay holds the store's relay lease) claims up
+    to ``batch`` rows under a lease of ``claim_lease``, publishes them with ONE
+    ``driver.enqueue_many`` in ``(staged_at, id)`` order, and marks them with one
+    ``mark_published`` fenced on its claim. A batch the driver refuses is published row by row
+    up to the row that fails (logged ``jobs.outbox.publish-failed``), which is released with
+    every later row at once. A claim lost to another relay after the lease lapsed is logged
+    ``jobs.outbox.claim-lost``: that relay re-publishes those rows onto the same job ids, so no
+    job is doubled.
 
     Args:
         store: the outbox store.
         driver: where rows are published.
         batch: rows per pass (1..1,000).
-        claim_lease: how long a claim holds before another relay may take its rows (``"30s"``);
-            longer than a pass takes, or rows are published twice (harmlessly, onto one job).
+        claim_lease: how long a claim (and the relay lease) holds before another relay may take
+            the rows over (``"30s"``); longer than a pass takes, or rows are published twice
+            (harmlessly, onto one job). A relay that dies holds its rows, and its lane, that long.
         poll_interval: the pause after a pass that found less than a full batch or failed
-            (``"1s"``).
+            (``"1s"``); with the relay lease, at most a third of ``claim_lease`` (shorter
+            values are used as given, longer ones shortened), so the lease is renewed in time.
         relay_id: the incarnation id claims carry (default ``host:pid:random``).
+        exclusive: take the store's relay lease, so one relay publishes at a time and a second
+            one takes over when the first's lease lapses: global staging order (default). With
+            ``False``, or a store without a relay lease, relays publish side by side and keep
+            the order per ``order_key`` only.
 
     Raises:
         JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` for a bad option (named).
@@ -294,6 +313,7 @@ class Relay:
         claim_lease: Duration = "30s",
         poll_interval: Duration = "1s",
         relay_id: str | None = None,
+        exclusive: bool = True,
     ) -> None:
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= ENQUEUE_CHUNK:
             raise JobOptionsInvalidError(
@@ -301,12 +321,20 @@ class Relay:
             )
         if relay_id is not None and (not isinstance(relay_id, str) or not relay_id):
             raise JobOptionsInvalidError("relay_id: non-empty text", option="relay_id")
+        if not isinstance(exclusive, bool):
+            raise JobOptionsInvalidError("exclusive: True or False", option="exclusive")
         self.store = store
         self.driver = driver
         self.batch = batch
         self.claim_lease_ms = _ms(claim_lease, "claim_lease")
         self.poll_interval_ms = _ms(poll_interval, "poll_interval")
         self.id = relay_id or f"{socket.gethostname()}:{os.getpid()}:{uuid4().hex[:12]}"
+        lease = getattr(store, "relay_lease", None)
+        self.lease: LeaderLease | None = (
+            lease if exclusive and isinstance(lease, LeaderLease) else None
+        )
+        if self.lease is not None:
+            self.poll_interval_ms = max(1, min(self.poll_interval_ms, self.claim_lease_ms // 3))
         self._stopping = False
         self._wake = asyncio.Event()
         self._finished = asyncio.Event()
@@ -315,20 +343,25 @@ class Relay:
         self._pass_lock = asyncio.Lock()
 
     async def run_once(self) -> int:
-        """Run one pass; answer how many rows it published.
+        """Run one pass; answer how many rows it published (0 while another relay leads).
 
         Raises:
-            Exception: whatever the store raised (claim, release, mark); rows it still holds are
-                re-claimed after the lease lapses and re-published onto the same job ids.
+            Exception: whatever the store raised (lease, claim, release, mark); rows it still
+                holds are re-claimed after the lease lapses and re-published onto the same ids.
         """
         async with self._pass_lock:
+            if self.lease is not None and not await self.lease.acquire(
+                self.id, self.claim_lease_ms
+            ):
+                return 0
             return await self._pass()
 
     async def run(self) -> None:
         """Pass until :meth:`stop`: at once after a full batch, else after ``poll_interval``.
 
         A pass that raises (the store is down) is logged ``jobs.outbox.relay-failed`` and
-        retried after ``poll_interval``; it never ends the loop.
+        retried after ``poll_interval``; it never ends the loop. The relay lease is released on
+        the way out.
         """
         self._finished.clear()
         try:
@@ -352,6 +385,7 @@ class Relay:
                     await asyncio.wait_for(self._wake.wait(), self.poll_interval_ms / 1000)
                 self._wake.clear()
         finally:
+            await self._release_lease()
             self._finished.set()
 
     async def stop(self) -> None:
@@ -362,46 +396,78 @@ class Relay:
             pass
         await self._finished.wait()
 
+    async def _release_lease(self) -> None:
+        if self.lease is None:
+            return
+        try:
+            await self.lease.release(self.id)
+        except Exception as exc:
+            # It lapses on its own after claim_lease; a standby relay takes over then.
+            _log.warning(
+                "jobs.outbox.lease-release-failed",
+                extra={
+                    "event": "jobs.outbox.lease-release-failed",
+                    "relay_id": self.id,
+                    "code": error_code(exc),
+                },
+            )
+
     async def _pass(self) -> int:
         rows = await self.store.claim(OutboxClaim(self.id, self.batch, self.claim_lease_ms))
         if not rows:
             return 0
         # One claim hands every row the same token.
         token = rows[0].token
-        published: list[UUID] = []
-        for index, row in enumerate(rows):
-            try:
-                await self.driver.enqueue(row.request)
-            except Exception as exc:
-                held = [r.request.id for r in rows[index:]]
-                _log.warning(
-                    "jobs.outbox.publish-failed",
-                    extra={
-                        "event": "jobs.outbox.publish-failed",
-                        "relay_id": self.id,
-                        "job": row.request.name,
-                        "job_id": str(row.request.id),
-                        "code": error_code(exc),
-                        "error": str(exc)[:500],
-                        "released": len(held),
-                    },
-                )
-                await self.store.release(held, token)
-                break
-            published.append(row.request.id)
+        published = await self._publish(rows)
+        if published < len(rows):
+            await self.store.release([r.request.id for r in rows[published:]], token)
         if published:
-            marked = await self.store.mark_published(published, token)
-            if marked < len(published):
+            ids = [row.request.id for row in rows[:published]]
+            marked = await self.store.mark_published(ids, token)
+            if marked < published:
                 _log.warning(
                     "jobs.outbox.claim-lost",
                     extra={
                         "event": "jobs.outbox.claim-lost",
                         "relay_id": self.id,
-                        "published": len(published),
+                        "published": published,
                         "marked": marked,
                     },
                 )
-        return len(published)
+        return published
+
+    async def _publish(self, rows: Sequence[OutboxRow]) -> int:
+        """Publish ``rows`` in order; answer how many landed (a prefix of ``rows``)."""
+        try:
+            await self.driver.enqueue_many([row.request for row in rows])
+            return len(rows)
+        except Exception as exc:
+            if len(rows) == 1:
+                self._failed(rows[0], exc, len(rows))
+                return 0
+        # The batch was refused as a whole: find the row that fails, so the rows before it
+        # still go and the ones after it wait (never overtaking it).
+        for index, row in enumerate(rows):
+            try:
+                await self.driver.enqueue(row.request)
+            except Exception as exc:
+                self._failed(row, exc, len(rows) - index)
+                return index
+        return len(rows)
+
+    def _failed(self, row: OutboxRow, exc: Exception, released: int) -> None:
+        _log.warning(
+            "jobs.outbox.publish-failed",
+            extra={
+                "event": "jobs.outbox.publish-failed",
+                "relay_id": self.id,
+                "job": row.request.name,
+                "job_id": str(row.request.id),
+                "code": error_code(exc),
+                "error": str(exc)[:500],
+                "released": released,
+            },
+        )
 
 
 __all__ = [

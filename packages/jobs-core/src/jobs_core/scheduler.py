@@ -54,10 +54,23 @@ Pauses
     paused set is read once per round in which some task is due (never in idle rounds); a task
     found paused is looked at again a third of the lease TTL later.
 
-Time
-    Due decisions read the scheduler's :class:`~jobs_core.clock.Clock`. Lease expiry and the
-    fire's ``fired_at`` are the store's: the pg driver decides them with the database's
-    ``now()``, so a scheduler whose clock runs ahead fires early by its skew, but never twice.
+Time: the store's clock
+    Due decisions read the store's time, not the scheduler process's: at each lease renewal
+    (every third of the TTL, with or without a lease) the scheduler asks the driver's step store
+    for its ``now()`` (the database's ``now()`` on pg, Redis ``TIME``), measures its own clock's
+    skew against it (half the round trip counted on each side) and schedules on its own clock
+    minus that skew until the next measure. A scheduler whose host clock ran 3 minutes ahead
+    used to fire each cron occurrence ~172 s early; now it fires on time. The skew is logged
+    (``jobs.scheduler.clock-skew``, a warning from 1 s on, whenever it moved 100 ms since the
+    last log) and exported as ``scheduler_clock_skew_seconds`` (positive: the scheduler's host
+    runs ahead). A measure that fails keeps the last skew. Rejected: trusting NTP, which was
+    what let the field's 3 minutes through.
+
+Counters
+    The leader folds the outcome counters once a minute (``rollup_interval``): the driver's
+    ``counters`` store :meth:`~jobs_core.driver.CounterStore.rollup`. Without it minute
+    buckets pile up and a job's history is cut at the newest 4,176 buckets (~2.9 days). A
+    rollup that fails is logged ``jobs.scheduler.rollup-failed`` and tried again a minute later.
 
 A fire that fails (its entries do not validate, the store errs) is logged
 ``jobs.task.fire-failed`` and retried a third of the lease TTL later; the watermark stays.
@@ -79,8 +92,16 @@ from uuid import uuid4
 
 from jobs_core._durations import Duration, parse_duration
 from jobs_core.clock import SYSTEM_CLOCK, Clock
-from jobs_core.driver import JobDriver, LeaderLease, SchedulerState, capability, require_capability
+from jobs_core.driver import (
+    CounterStore,
+    JobDriver,
+    LeaderLease,
+    SchedulerState,
+    capability,
+    require_capability,
+)
 from jobs_core.errors import JobOptionsInvalidError
+from jobs_core.metrics import JobsMetrics
 from jobs_core.task import TASK_REGISTRY, TaskHandle
 from jobs_core.types import TaskFire, TaskFireRecord
 
@@ -131,10 +152,13 @@ class Scheduler:
         leader_ttl: the lease's time to live (``"30s"``); renewed every third of it.
         holder_id: the incarnation id; default ``host:pid:random``. Give one only if it is
             unique per process start (never just the host name: FIELD-FAILURES C18).
+        rollup_interval: how often the leader folds the driver's counters (``"1m"``).
+        metrics: where ``scheduler_clock_skew_seconds`` is set after each measure.
 
     Raises:
         JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` for a bad ``tick``, ``leader_ttl``,
-            ``holder_id`` or ``tasks`` (two different tasks with one name), naming the option.
+            ``holder_id``, ``rollup_interval`` or ``tasks`` (two different tasks with one name),
+            naming the option.
         NotImplementedByDriverError: ``X_NOT_IMPLEMENTED`` when no ``state`` is given and the
             driver has no ``scheduler_state``.
     """
@@ -150,10 +174,14 @@ class Scheduler:
         tick: Duration = "1s",
         leader_ttl: Duration = "30s",
         holder_id: str | None = None,
+        rollup_interval: Duration = "1m",
+        metrics: JobsMetrics | None = None,
     ) -> None:
         """Validate the options; nothing runs until :meth:`run` or :meth:`tick_once`."""
         self.driver = driver
         self.tick_ms = _ms(tick, "tick")
+        self.rollup_interval_ms = _ms(rollup_interval, "rollup_interval")
+        self.metrics = metrics
         self.leader_ttl_ms = _ms(leader_ttl, "leader_ttl")
         if self.leader_ttl_ms < 3:
             raise JobOptionsInvalidError(
@@ -178,6 +206,12 @@ class Scheduler:
             capability(driver, "leader") if leader is None else leader or None
         )
         self.clock = clock or SYSTEM_CLOCK
+        self.counters: CounterStore | None = capability(driver, "counters")
+        # The scheduler's clock minus the store's, from the last measure (seconds).
+        self._skew_s = 0.0
+        self._skew_logged: float | None = None
+        self._next_measure = -math.inf
+        self._next_rollup = -math.inf
         self._leading = False
         self._tracks: dict[str, _Track] | None = None
         self._next_acquire = -math.inf
@@ -192,20 +226,32 @@ class Scheduler:
         """Whether this scheduler leads now (always, when it runs without a lease)."""
         return self._leading and self._lease_valid()
 
+    @property
+    def clock_skew_ms(self) -> float:
+        """The scheduler's clock minus the store's, in ms, at the last measure (0 before one)."""
+        return self._skew_s * 1000
+
+    def now(self) -> datetime:
+        """Answer the store's current instant as this scheduler knows it (its clock, unskewed)."""
+        return self.clock.now() - timedelta(seconds=self._skew_s)
+
     async def tick_once(self) -> list[TaskFireRecord]:
         """Run one round: keep (or seek) the lease; as leader, fire what is due.
 
         Returns:
-            The fires this round landed, in order (``fired_at`` on the scheduler's clock).
+            The fires this round landed, in order (``fired_at`` on the store's clock as the
+            scheduler measured it, see :meth:`now`).
 
         Raises:
             JobsError: reading the watermarks or the paused tasks failed (the driver's error,
                 e.g. ``X_DRIVER_UNAVAILABLE``); the cache is dropped and the next round reloads.
         """
+        await self._measure_skew()
         await self._keep_lease()
         if not self.is_leader:
             return []
-        now = self.clock.now()
+        await self._rollup()
+        now = self.now()
         try:
             tracks = self._tracks if self._tracks is not None else await self._load(now)
             if tracks is None:
@@ -284,6 +330,65 @@ class Scheduler:
         self.request_stop()
         if self._running:
             await self._finished.wait()
+
+    # -- the store's clock and the counters -----------------------------------------------------
+
+    async def _measure_skew(self) -> None:
+        """Measure the scheduler's clock against the store's, every third of the lease TTL."""
+        sent = self.clock.monotonic()
+        if sent < self._next_measure:
+            return
+        self._next_measure = sent + self.renew_ms / 1000
+        before = self.clock.now()
+        try:
+            store = await self.driver.steps.now()
+        except Exception as exc:
+            _log.warning(
+                "jobs.scheduler.clock-failed",
+                extra={
+                    "event": "jobs.scheduler.clock-failed",
+                    "holder": self.holder_id,
+                    "error": str(exc),
+                },
+            )
+            return
+        after = self.clock.now()
+        self._skew_s = ((before + (after - before) / 2) - store).total_seconds()
+        if self.metrics is not None:
+            self.metrics.clock_skew.set(self._skew_s)
+        if self._skew_logged is not None and abs(self._skew_s - self._skew_logged) < 0.1:
+            return
+        self._skew_logged = self._skew_s
+        _log.log(
+            logging.WARNING if abs(self._skew_s) >= 1 else logging.INFO,
+            "jobs.scheduler.clock-skew",
+            extra={
+                "event": "jobs.scheduler.clock-skew",
+                "holder": self.holder_id,
+                "skew_ms": round(self._skew_s * 1000, 1),
+            },
+        )
+
+    async def _rollup(self) -> None:
+        """As leader, fold the driver's counters once per ``rollup_interval``."""
+        if self.counters is None:
+            return
+        sent = self.clock.monotonic()
+        if sent < self._next_rollup:
+            return
+        self._next_rollup = sent + self.rollup_interval_ms / 1000
+        try:
+            await self.counters.rollup()
+        except Exception as exc:
+            _log.warning(
+                "jobs.scheduler.rollup-failed",
+                extra={
+                    "event": "jobs.scheduler.rollup-failed",
+                    "holder": self.holder_id,
+                    "error": str(exc),
+                    "code": getattr(exc, "code", None),
+                },
+            )
 
     # -- leadership ---------------------------------------------------------------------------
 
@@ -455,7 +560,7 @@ class Scheduler:
             task=name,
             occurrence=occurrence,
             watermark=watermark,
-            fired_at=self.clock.now(),
+            fired_at=self.now(),
             job_ids=tuple(result.id for result in results),
         )
         fired.append(record)
@@ -474,11 +579,13 @@ class Scheduler:
 
     def _sleep_seconds(self) -> float:
         """Answer how long :meth:`run` may sleep: until a task is due, a lease call, or tick."""
-        waits = [self.tick_ms / 1000]
+        waits = [self.tick_ms / 1000, self._next_measure - self.clock.monotonic()]
         if self.leader is not None:
             waits.append(self._next_acquire - self.clock.monotonic())
+        if self.is_leader and self.counters is not None:
+            waits.append(self._next_rollup - self.clock.monotonic())
         if self.is_leader and self._tracks:
-            now = self.clock.now()
+            now = self.now()
             for track in self._tracks.values():
                 at = max(track.due, track.hold_until or track.due)
                 # A task already due waits for the next round (a run-all backlog, a hold).

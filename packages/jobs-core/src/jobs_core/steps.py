@@ -48,7 +48,15 @@ from jobs_core.errors import (
 )
 from jobs_core.faults import FaultPoint
 from jobs_core.serialization import NotJSONError, to_json_form
-from jobs_core.types import ErrorInfo, Fence, JSONValue, StepRecord, StepWrite
+from jobs_core.types import (
+    DEFAULT_EVENT_POLL_MS,
+    WAKING_EVENT_POLL_MS,
+    ErrorInfo,
+    Fence,
+    JSONValue,
+    StepRecord,
+    StepWrite,
+)
 
 T = TypeVar("T")
 
@@ -60,12 +68,6 @@ COMPENSATE_PREFIX = "compensate:"
 
 MAX_STEP_NAME = 200
 """The longest step name accepted."""
-
-DEFAULT_EVENT_POLL_MS = 30_000
-"""How long a waiting step parks between checks on a bus that does not wake waiters."""
-
-WAKING_EVENT_POLL_MS = 15 * 60_000
-"""The backstop park of a waiting step on a bus that wakes waiters."""
 
 
 class StepSuspended(BaseException):

@@ -75,6 +75,9 @@ class EnqueueRequest:
             used when ``run_at`` is ``None`` so the backend's own clock decides.
         traceparent: the W3C trace context of the enqueuing span, if any.
         enqueued_by: the actor id that asked for the work (attribution only).
+        order_key: for a staged (outbox) enqueue, the lane whose rows are published in staging
+            order even by several relays in parallel (``None``: the one lane of every row
+            without a key). Drivers ignore it.
     """
 
     name: str
@@ -89,6 +92,7 @@ class EnqueueRequest:
     delay_ms: int = 0
     traceparent: str | None = None
     enqueued_by: str | None = None
+    order_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,6 +457,11 @@ MAX_ENQUEUE_BATCH = 10_000
 ENQUEUE_CHUNK = 1_000
 """Rows per round trip in ``enqueue_many``."""
 
+MAX_JSON_DEPTH = 200
+"""The deepest nesting of objects and arrays an input or a step output may have (a value nested
+deeper is refused: Python's JSON decoder gives up near 1,000 levels, pydantic's serializer near
+255)."""
+
 UNWIND_MARGIN = 2
 """Extra attempts a compensating job's rows carry so that a crash on the final attempt can still
 unwind."""
@@ -478,7 +487,8 @@ class OutboxRow:
     """A staged enqueue, as a relay claims it.
 
     Attributes:
-        request: the enqueue to publish; ``request.id`` is the row id and the job id.
+        request: the enqueue to publish; ``request.id`` is the row id and the job id, and
+            ``request.order_key`` its lane.
         staged_at: when it was staged (the store's clock); publish order is
             ``(staged_at, request.id)``.
         token: the claim token the relay's ``mark_published``/``release`` are fenced on.
@@ -562,9 +572,54 @@ class WorkerInfo:
 BULK_LIMIT = 1_000
 """The most rows one bulk operator call touches."""
 
-MAX_COUNTER_ROWS = 4_176
+ON_SETTLED_TIMEOUT_MS = 30_000
+"""The ``on_settled`` hook's ceiling across every try, unless the job declares
+``on_settled_timeout``."""
+
+PROGRESS_INTERVAL_MS = 1_000
+"""``ctx.progress`` writes at most once per this many milliseconds per run, plus the last one
+before the settle."""
+
+MAX_WORKER_IN_FLIGHT = 100
+"""The most in-flight job ids one worker registry row carries."""
+
+DEFAULT_EVENT_POLL_MS = 30_000
+"""How long a waiting step parks between checks on a bus that does not wake waiters."""
+
+WAKING_EVENT_POLL_MS = 15 * 60_000
+"""The backstop park of a waiting step on a bus that wakes waiters (and the timeout's clock)."""
+
+CounterTier = Literal["1m", "5m", "1h"]
+
+
+@dataclass(frozen=True, slots=True)
+class CounterTierSpec:
+    """One tier of the outcome counters.
+
+    Attributes:
+        tier: its name (``1m``, ``5m``, ``1h``).
+        width_ms: how long one bucket of it spans.
+        kept_ms: how long its buckets are kept before they fold into the next tier (or, for the
+            last tier, are dropped).
+    """
+
+    tier: CounterTier
+    width_ms: int
+    kept_ms: int
+
+
+COUNTER_TIERS: tuple[CounterTierSpec, ...] = (
+    CounterTierSpec("1m", 60_000, 24 * 3_600_000),
+    CounterTierSpec("5m", 5 * 60_000, 7 * 24 * 3_600_000),
+    CounterTierSpec("1h", 3_600_000, 30 * 24 * 3_600_000),
+)
+"""The counter tiers, finest first: 1-minute buckets for 24 h, 5-minute for 7 d, 1-hour for 30 d.
+Buckets are aligned on the Unix epoch; the scheduler leader folds them (``rollup``) once a minute.
+"""
+
+MAX_COUNTER_ROWS = sum(spec.kept_ms // spec.width_ms for spec in COUNTER_TIERS)
 """The most counter buckets kept per job name: 24 h of 1-minute buckets (1,440), 7 d of 5-minute
-buckets (2,016) and 30 d of 1-hour buckets (720)."""
+buckets (2,016) and 30 d of 1-hour buckets (720): 4,176."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -579,9 +634,6 @@ class BulkResult:
 
     affected: int
     remaining: int
-
-
-CounterTier = Literal["1m", "5m", "1h"]
 
 
 @dataclass(frozen=True, slots=True)

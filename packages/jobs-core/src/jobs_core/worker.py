@@ -53,7 +53,14 @@ from jobs_core.execute import Attempt, AttemptEnv, Outcome, execute, hand_back
 from jobs_core.job import REGISTRY, JobRegistry
 from jobs_core.limits import LimitGate, Limits
 from jobs_core.metrics import JobsMetrics
-from jobs_core.types import BuriedJob, ClaimedJob, ClaimRequest, JobState, WorkerInfo
+from jobs_core.types import (
+    MAX_WORKER_IN_FLIGHT,
+    BuriedJob,
+    ClaimedJob,
+    ClaimRequest,
+    JobState,
+    WorkerInfo,
+)
 
 _log = logging.getLogger("jobs.worker")
 
@@ -64,17 +71,21 @@ class WorkerStats:
 
     Attributes:
         in_flight: attempts running now (a completed body whose ack is in flight is not).
-        max_in_flight: the most that ran at once.
-        capacity: slots in all.
+        max_in_flight: the configured cap on attempts running at once (``Limits(global_=)``),
+            or ``None`` when uncapped: what a scaler multiplies by replicas for a fleet ceiling.
+        capacity: how many attempts can run at once: the tighter of ``max_in_flight`` and the
+            slots in all (the registry row's ``slots``, and ``job_worker_capacity``).
         outcomes: attempts by outcome (``completed``, ``retried``, ...).
         leases_lost: leases lost, by queue.
+        peak_in_flight: the most that ran at once so far.
     """
 
     in_flight: int
-    max_in_flight: int
+    max_in_flight: int | None
     capacity: int
     outcomes: Mapping[str, int]
     leases_lost: Mapping[str, int]
+    peak_in_flight: int = 0
 
 
 @dataclass(slots=True)
@@ -175,6 +186,7 @@ class Worker:
         self._started_at: datetime | None = None
         self._draining_at: datetime | None = None
         self._abandoned = False
+        self.limits = limits
         self._gate = LimitGate(limits, self.clock) if limits is not None else None
         self._held: dict[tuple[UUID, int], _Held] = {}
         # Queue -> rows in ``_held`` whose body runs (``_busy``) or whose ack is in flight
@@ -189,7 +201,7 @@ class Worker:
         self._env: AttemptEnv | None = None
         # Every attempt's task runs in a copy of this: the driver and home loop bound once.
         self._attempt_context: contextvars.Context | None = None
-        self._max_in_flight = 0
+        self._peak_in_flight = 0
         self._outcomes: Counter[str] = Counter()
         self._leases_lost: Counter[str] = Counter()
 
@@ -216,18 +228,26 @@ class Worker:
         return self._claiming or bool(self._held)
 
     @property
+    def max_in_flight(self) -> int | None:
+        """The configured cap on attempts running at once (``Limits(global_=)``), or ``None``."""
+        return None if self.limits is None else self.limits.global_
+
+    @property
     def capacity(self) -> int:
-        """Slots in all."""
-        return sum(self.slots.values())
+        """How many attempts can run at once: the slots in all, or the cap when it is tighter."""
+        slots = sum(self.slots.values())
+        cap = self.max_in_flight
+        return slots if cap is None else min(cap, slots)
 
     def stats(self) -> WorkerStats:
         """Answer the worker's counters now."""
         return WorkerStats(
             in_flight=self._running,
-            max_in_flight=self._max_in_flight,
+            max_in_flight=self.max_in_flight,
             capacity=self.capacity,
             outcomes=dict(self._outcomes),
             leases_lost=dict(self._leases_lost),
+            peak_in_flight=self._peak_in_flight,
         )
 
     def _check_enforceable(self) -> None:
@@ -335,7 +355,7 @@ class Worker:
                 for one in held:
                     self._begin(one)
                 if claimed:
-                    self._max_in_flight = max(self._max_in_flight, self._running)
+                    self._peak_in_flight = max(self._peak_in_flight, self._running)
                     idle_ms = self.poll_interval_ms
                     # One loop turn first: the attempts just started run to their first await (an
                     # idle worker's probe reaches its body's first line) before the next claim is
@@ -529,7 +549,7 @@ class Worker:
             started_at=self._started_at,
             queues=tuple(self.queues),
             slots=self.capacity,
-            in_flight=tuple(job_id for job_id, _ in islice(self._held, 100)),
+            in_flight=tuple(job_id for job_id, _ in islice(self._held, MAX_WORKER_IN_FLIGHT)),
             draining_at=self._draining_at,
         )
         try:

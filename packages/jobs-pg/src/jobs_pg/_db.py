@@ -47,6 +47,20 @@ UNAVAILABLE: tuple[type[Exception], ...] = (
 Row = tuple[Any, ...]
 
 
+def refused_value(exc: psycopg.DataError) -> DriverRequestInvalidError:
+    """Answer the refusal of a value the server would not take, without the server's text.
+
+    Postgres's message quotes the value (``invalid input syntax for type json`` with the token,
+    ``DETAIL`` lines with the text around it); a job's payload must never reach an error, so
+    only the error's class and SQLSTATE are kept.
+    """
+    return DriverRequestInvalidError(
+        f"the database refused a value ({type(exc).__name__}, SQLSTATE {exc.sqlstate}); "
+        "its message is withheld because it quotes the value",
+        sqlstate=exc.sqlstate,
+    )
+
+
 def utc(instant: datetime) -> datetime:
     """Answer an aware instant in UTC (an app's pool may run in another session time zone)."""
     return instant if instant.tzinfo is UTC else instant.astimezone(UTC)
@@ -245,7 +259,7 @@ class Db:
             async with pool.connection() as conn:
                 yield conn
         except psycopg.DataError as exc:
-            raise DriverRequestInvalidError(f"the database refused a value: {exc}") from exc
+            raise refused_value(exc) from None
         except UNAVAILABLE as exc:
             self._suspect()
             raise DriverUnavailableError(

@@ -21,9 +21,10 @@ from uuid import UUID, uuid4
 
 import psycopg
 
+from jobs_core.driver import LeaderLease
 from jobs_core.errors import DriverRequestInvalidError, DriverUnavailableError
 from jobs_core.types import ENQUEUE_CHUNK, EnqueueRequest, OutboxClaim, OutboxRow
-from jobs_pg._db import UNAVAILABLE, Db, Row, utc
+from jobs_pg._db import UNAVAILABLE, Db, Row, refused_value, utc
 from jobs_pg._records import request_arrays
 
 Connection = psycopg.AsyncConnection[Any] | psycopg.Connection[Any]
@@ -125,7 +126,7 @@ async def on_caller_connection(
             sync_cur = conn.execute(query, params)
             return sync_cur.fetchone() if sync_cur.description is not None else None
     except psycopg.DataError as exc:
-        raise DriverRequestInvalidError(f"the database refused a value: {exc}") from exc
+        raise refused_value(exc) from None
     except UNAVAILABLE as exc:
         raise DriverUnavailableError(
             f"the app's connection is unavailable: {exc}", driver="postgresql"
@@ -135,15 +136,25 @@ async def on_caller_connection(
     )
 
 
+CLAIM_LOCK_NAMESPACE = "jobs-pg.outbox"
+"""The first key of the advisory lock that serialises outbox claims (the second is the schema)."""
+
+
 class PgOutboxStore:
     """The :class:`~jobs_core.driver.OutboxStore` over the ``outbox`` table.
 
     Args:
         db: the driver's connection plumbing (the relay's claims use its pool).
+        relay_lease: the lease one relay at a time holds, which ``Relay(exclusive=True)``
+            takes (the driver's: the ``outbox-relay`` row of ``scheduler_leader``).
+
+    Attributes:
+        relay_lease: as given.
     """
 
-    def __init__(self, db: Db) -> None:
+    def __init__(self, db: Db, relay_lease: LeaderLease) -> None:
         self._db = db
+        self.relay_lease = relay_lease
 
     def ambient(self) -> Connection | None:
         """Answer the connection :func:`transaction` made ambient in this context, or ``None``."""
@@ -177,6 +188,10 @@ class PgOutboxStore:
     async def claim(self, req: OutboxClaim) -> list[OutboxRow]:
         """Take up to ``req.limit`` committed, unpublished rows whose claim is free or lapsed.
 
+        A row is not taken while an unpublished row of its lane staged before it is held by an
+        unexpired claim. Claims run one at a time (an advisory lock for the transaction, then
+        the claim in a statement of its own, so it sees every claim committed before it).
+
         Returns:
             The rows in ``(staged_at, id)`` order, each carrying this claim's new token.
 
@@ -191,9 +206,17 @@ class PgOutboxStore:
                 lease_ms=req.lease_ms,
             )
         token = f"{req.relay_id}:{uuid4().hex}"
-        rows = await self._db.rows(
-            "outbox_claim", {"limit": req.limit, "token": token, "lease_ms": req.lease_ms}
-        )
+        async with self._db.connection() as conn, conn.transaction():
+            await self._db.rows(
+                "outbox_claim_lock",
+                {"namespace": CLAIM_LOCK_NAMESPACE, "key": self._db.schema},
+                conn,
+            )
+            rows = await self._db.rows(
+                "outbox_claim",
+                {"limit": req.limit, "token": token, "lease_ms": req.lease_ms},
+                conn,
+            )
         claimed = [
             OutboxRow(
                 request=EnqueueRequest(
@@ -208,6 +231,7 @@ class PgOutboxStore:
                     run_at=utc(row[8]),
                     traceparent=row[9],
                     enqueued_by=row[10],
+                    order_key=row[12],
                 ),
                 staged_at=utc(row[11]),
                 token=token,

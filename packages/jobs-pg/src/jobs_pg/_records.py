@@ -17,6 +17,7 @@ from uuid import UUID
 
 from jobs_core.driver import check_enqueue_request
 from jobs_core.errors import DriverRequestInvalidError, JobPageInvalidError
+from jobs_core.serialization import json_text_has_surrogate
 from jobs_core.types import EnqueueRequest, JobInfo, JobState, JSONValue, StepRecord
 from jobs_pg._db import Row, utc
 
@@ -33,7 +34,8 @@ def json_text(value: JSONValue, what: str) -> str:
 
     Raises:
         DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` when ``value`` has no JSON form
-            (an arbitrary object, a cycle, ``NaN``, an infinity) or holds a NUL character.
+            (an arbitrary object, a cycle, ``NaN``, an infinity) or holds a NUL character or a
+            lone surrogate (which ``jsonb`` refuses with a message quoting the text around it).
     """
     try:
         text = _ENCODE(value)
@@ -42,6 +44,11 @@ def json_text(value: JSONValue, what: str) -> str:
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise DriverRequestInvalidError(
             f"{what} holds a NUL character (U+0000), which no driver can store", field=what
+        )
+    if json_text_has_surrogate(text):
+        raise DriverRequestInvalidError(
+            f"{what} holds a lone surrogate (U+D800..U+DFFF), which UTF-8 cannot encode",
+            field=what,
         )
     return text
 
@@ -102,6 +109,7 @@ def request_arrays(reqs: Sequence[EnqueueRequest]) -> dict[str, list[Any]]:
             "delays",
             "traceparents",
             "enqueued_bys",
+            "order_keys",
         )
     }
     for req in reqs:
@@ -118,6 +126,7 @@ def request_arrays(reqs: Sequence[EnqueueRequest]) -> dict[str, list[Any]]:
         arrays["delays"].append(max(req.delay_ms, 0))
         arrays["traceparents"].append(text_value(req.traceparent, "traceparent"))
         arrays["enqueued_bys"].append(text_value(req.enqueued_by, "enqueued_by"))
+        arrays["order_keys"].append(text_value(req.order_key, "order_key"))
     return arrays
 
 
@@ -163,7 +172,7 @@ def enqueue_params(reqs: Sequence[EnqueueRequest]) -> dict[str, str]:
         for req in reqs:
             _refuse_values(req)
         raise DriverRequestInvalidError(f"an enqueue request is not JSON: {exc}") from exc
-    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+    if ("\\u0000" in text and _NUL_ESCAPE.search(text)) or json_text_has_surrogate(text):
         for req in reqs:
             _refuse_values(req)
     return {"rows": text}

@@ -30,6 +30,7 @@ from jobs_core.errors import (
 )
 from jobs_core.ids import new_id
 from jobs_core.types import (
+    COUNTER_TIERS,
     LIVE_STATES,
     MAX_COUNTER_ROWS,
     MAX_JOB_PAGE,
@@ -69,11 +70,15 @@ EnqueueOn = Callable[[Any, Sequence[EnqueueRequest]], Awaitable[list[EnqueueResu
 LEASE_LOCK_NAMESPACE = "jobs-pg.lease"
 """The first key of a lease's advisory lock (the second is the lease key)."""
 
-_TIERS: tuple[tuple[CounterTier, CounterTier | None, int, int], ...] = (
+_TIERS: tuple[tuple[CounterTier, CounterTier | None, int, int], ...] = tuple(
     # tier, the tier it folds into, the width of a bucket there (s), how long the tier is kept (s)
-    ("1m", "5m", 300, 24 * 3600),
-    ("5m", "1h", 3600, 7 * 24 * 3600),
-    ("1h", None, 3600, 30 * 24 * 3600),
+    (
+        spec.tier,
+        parent.tier if parent is not None else None,
+        (parent or spec).width_ms // 1000,
+        spec.kept_ms // 1000,
+    )
+    for spec, parent in zip(COUNTER_TIERS, (*COUNTER_TIERS[1:], None), strict=True)
 )
 
 
@@ -820,14 +825,16 @@ class PgSchedulerState:
 
 
 class PgLeaderLease:
-    """The scheduler's leader lease: one row with a holder and an expiry on ``now()``.
+    """A leader lease: one ``scheduler_leader`` row with a holder and an expiry on ``now()``.
 
     Args:
         db: the driver's connection plumbing.
+        name: the lease's row (``scheduler``; the outbox's relay lease is ``outbox-relay``).
     """
 
-    def __init__(self, db: Db) -> None:
+    def __init__(self, db: Db, name: str = "scheduler") -> None:
         self._db = db
+        self._name = name
 
     async def acquire(self, holder: str, ttl_ms: int) -> bool:
         """Take the lease for ``holder`` until now plus ``ttl_ms``, or renew it.
@@ -846,7 +853,8 @@ class PgLeaderLease:
                 "the leader lease needs a non-empty holder and ttl_ms >= 1", ttl_ms=ttl_ms
             )
         held = await self._db.row(
-            "leader_acquire", {"holder": text_value(holder, "holder"), "ttl_ms": ttl_ms}
+            "leader_acquire",
+            {"name": self._name, "holder": text_value(holder, "holder"), "ttl_ms": ttl_ms},
         )
         return held is not None
 
@@ -856,7 +864,7 @@ class PgLeaderLease:
         Raises:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``.
         """
-        await self._db.rows("leader_release", {"holder": holder})
+        await self._db.rows("leader_release", {"name": self._name, "holder": holder})
 
     async def holder(self) -> str | None:
         """Answer the unexpired holder, or ``None``.
@@ -864,7 +872,7 @@ class PgLeaderLease:
         Raises:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``.
         """
-        found: str | None = await self._db.value("leader_holder", {})
+        found: str | None = await self._db.value("leader_holder", {"name": self._name})
         return found
 
 

@@ -28,10 +28,11 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from uuid import UUID
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from jobs_core.clock import Clock
-from jobs_core.driver import CAPABILITIES, StepStore
+from jobs_core.driver import CAPABILITIES, StepStore, check_run_ids, run_id_taken
 from jobs_core.errors import DriverRequestInvalidError, DriverUnavailableError
 from jobs_core.types import (
     ENQUEUE_CHUNK,
@@ -181,6 +182,22 @@ def _chunks(reqs: Sequence[EnqueueRequest]) -> list[Sequence[EnqueueRequest]]:
     return chunks
 
 
+def _run_id_taken(
+    exc: psycopg.errors.UniqueViolation, chunk: Sequence[EnqueueRequest]
+) -> Exception:
+    """Answer the ``X_JOB_RUN_ID_TAKEN`` the ``enqueue`` statement raised (``run_id_taken()``).
+
+    Any other unique violation is not the statement's to raise: it is answered as it came.
+    """
+    holder = exc.diag.message_detail
+    if exc.diag.constraint_name != "jobs_run" or holder is None:
+        return exc
+    for req in chunk:
+        if str(req.run_id) in (exc.diag.message_primary or ""):
+            return run_id_taken(req, holder)
+    return exc
+
+
 def _split_url(url: str) -> tuple[str, dict[str, str]]:
     """Answer the URL without the driver's own query options, and those options."""
     parts = urlsplit(url)
@@ -270,7 +287,7 @@ class PostgresDriver:
         self.leases = PgLeaseStore(self._db)
         self.events = PgEventBus(self._db)
         self.wake = PgWakeSource(self._db, wake_channel(self.schema), listen_url or url)
-        self.outbox = PgOutboxStore(self._db)
+        self.outbox = PgOutboxStore(self._db, PgLeaderLease(self._db, name="outbox-relay"))
         self.scheduler_state = PgSchedulerState(self._db, self._enqueue_on)
         self.leader = PgLeaderLease(self._db)
         self.workers = PgWorkerRegistry(self._db)
@@ -359,10 +376,14 @@ class PostgresDriver:
             DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID``, inserting nothing, for an
                 empty name, queue or key, ``max_attempts`` below 1, a naive ``run_at``, a due
                 instant out of range, or a value Postgres cannot hold (not JSON, a NUL character).
+            JobRunIdTakenError: ``X_JOB_RUN_ID_TAKEN``, inserting nothing, for a request that
+                would insert a row whose run id another row holds (the unique ``jobs_run``
+                index, migration 0005), or two requests sharing a run id.
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``; nothing was queued.
         """
         if not reqs:
             return []
+        check_run_ids(reqs)
         chunks = _chunks(reqs)
         params = [enqueue_params(chunk) for chunk in chunks]  # validates before any statement
         async with self._db.connection() as conn:
@@ -373,6 +394,7 @@ class PostgresDriver:
 
     async def _enqueue_on(self, conn: Any, reqs: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
         """Run the ``enqueue`` statement(s) for ``reqs`` on ``conn``; answer in input order."""
+        check_run_ids(reqs)
         chunks = _chunks(reqs)
         return await self._enqueue_chunks(conn, chunks, [enqueue_params(c) for c in chunks])
 
@@ -396,7 +418,10 @@ class PostgresDriver:
         for _ in range(ENQUEUE_RETRIES):
             # The statement answers only the requests that inserted nothing, by 1-based position
             # in this run's batch (its summary row has no position).
-            rows = await self._db.rows("enqueue", values, conn)
+            try:
+                rows = await self._db.rows("enqueue", values, conn)
+            except psycopg.errors.UniqueViolation as exc:
+                raise _run_id_taken(exc, chunk) from None
             held = {int(row[0]): row for row in rows if row[0] is not None}
             missed: list[int] = []
             for position, index in enumerate(todo, start=1):

@@ -26,7 +26,7 @@ class DiesAtMark(PgOutboxStore):
 
 async def main(url: str, schema: str) -> None:
     driver = await PostgresDriver.connect(url, schema=schema)
-    store = DiesAtMark(driver._db)
+    store = DiesAtMark(driver._db, driver.outbox.relay_lease)
     await Relay(store, driver, batch=50, claim_lease="1s").run_once()
 
 

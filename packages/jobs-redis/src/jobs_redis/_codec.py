@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from jobs_core.errors import DriverRequestInvalidError
+from jobs_core.serialization import json_text_has_surrogate
 from jobs_core.types import JSONValue
 
 _ENCODE = json.JSONEncoder(allow_nan=False).encode
@@ -38,7 +39,8 @@ def encode(value: JSONValue, what: str) -> str:
 
     Raises:
         DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` when ``value`` is not JSON (an
-            arbitrary object, a cycle, ``NaN`` or an infinity) or holds a NUL character.
+            arbitrary object, a cycle, ``NaN`` or an infinity) or holds a NUL character or a lone
+            surrogate.
     """
     if value is None:  # most results: no encoder call
         return "null"
@@ -49,6 +51,11 @@ def encode(value: JSONValue, what: str) -> str:
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise DriverRequestInvalidError(
             f"{what} holds a NUL character (U+0000), which no driver can store", field=what
+        )
+    if json_text_has_surrogate(text):
+        raise DriverRequestInvalidError(
+            f"{what} holds a lone surrogate (U+D800..U+DFFF), which UTF-8 cannot encode",
+            field=what,
         )
     return text
 

@@ -57,14 +57,24 @@ class Connection:
         url: a ``redis://`` or ``rediss://`` URL.
         connect_timeout_s: how long dialling may take (seconds).
         command_timeout_s: how long one command may wait for its reply (seconds).
+        given: a ready client the app built (it keeps its own connect, retry and pool
+            behaviour; calls made while its server is away still raise ``X_DRIVER_UNAVAILABLE``).
+            It is used from its own event loop and is not closed by :meth:`close`.
     """
 
-    def __init__(self, url: str, connect_timeout_s: float, command_timeout_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        connect_timeout_s: float,
+        command_timeout_s: float,
+        given: aioredis.Redis | None = None,
+    ) -> None:
         """Keep the settings; nothing is dialled until the first call."""
         self.url = url
         self._connect_timeout_s = connect_timeout_s
         self._command_timeout_s = command_timeout_s
         self._clients: dict[asyncio.AbstractEventLoop, aioredis.Redis] = {}
+        self._given = given
         self.closed = False
 
     def client(self) -> aioredis.Redis:
@@ -75,6 +85,8 @@ class Connection:
         """
         if self.closed:
             raise DriverUnavailableError("the redis driver is closed", driver="redis")
+        if self._given is not None:
+            return self._given
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:

@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -50,6 +51,8 @@ from datetime import datetime, timedelta
 from typing import Any, Self
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from uuid import UUID
+
+import redis.asyncio as aioredis
 
 from jobs_core._durations import Duration, parse_duration
 from jobs_core.clock import SYSTEM_CLOCK
@@ -61,6 +64,8 @@ from jobs_core.driver import (
     StepResolution,
     StepStore,
     check_enqueue_request,
+    check_run_ids,
+    run_id_taken,
 )
 from jobs_core.errors import (
     DriverRequestInvalidError,
@@ -833,6 +838,33 @@ def _check_prefix(prefix: str) -> str:
     return prefix
 
 
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+"""Where a driver given neither a URL nor a client, with ``REDIS_URL`` unset, connects."""
+
+
+def _given_client(client: aioredis.Redis) -> str:
+    """Check an app's client and answer a URL naming its server (no password) for messages.
+
+    Raises:
+        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` when the client is not an
+            asyncio ``redis.asyncio.Redis`` decoding replies to text.
+    """
+    if not isinstance(client, aioredis.Redis):
+        raise DriverRequestInvalidError(
+            f"client: a redis.asyncio.Redis, not {type(client).__name__}", option="client"
+        )
+    kwargs = client.connection_pool.connection_kwargs
+    if not kwargs.get("decode_responses"):
+        raise DriverRequestInvalidError(
+            "client: build it with decode_responses=True (the driver reads replies as text)",
+            option="client",
+        )
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    host, port, db = kwargs.get("host", "localhost"), kwargs.get("port", 6379), kwargs.get("db", 0)
+    return f"redis://{host}:{port}/{db}"
+
+
 def _check_url(url: str) -> str:
     if urlsplit(url).scheme not in ("redis", "rediss"):
         raise DriverRequestInvalidError(
@@ -914,7 +946,12 @@ class RedisDriver:
         done_ttl_ms: how long a ``done`` row and its steps are kept (0: forever).
 
     Args:
-        url: ``redis://[:password@]host[:port][/db]`` or ``rediss://…`` (TLS).
+        url: ``redis://[:password@]host[:port][/db]`` or ``rediss://…`` (TLS); ``None`` reads
+            ``REDIS_URL``, else :data:`DEFAULT_URL`.
+        client: a ready ``redis.asyncio.Redis`` (built with ``decode_responses=True``) to use
+            instead of a URL: it keeps its own connect, retry and pool behaviour, and a call made
+            while its server is away still raises ``X_DRIVER_UNAVAILABLE``. Use it from the event
+            loop it belongs to; :meth:`close` leaves it open (the app owns it).
         prefix: every key lives under the hash tag ``{prefix}`` (so one prefix is one Cluster
             slot); two drivers with different prefixes share nothing.
         done_ttl: how long ``done`` rows and their steps are kept (``"7d"``; ``0`` keeps them).
@@ -923,8 +960,9 @@ class RedisDriver:
         command_timeout: the longest one command may wait for its reply (``"5s"``).
 
     Raises:
-        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for another URL scheme, a prefix
-            with braces, or a bad duration.
+        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for another URL scheme, both a
+            URL and a client, a client that does not decode replies, a prefix with braces, or a
+            bad duration.
 
     Nothing is dialled until the first call. Every call made while the server cannot be reached
     raises ``DriverUnavailableError`` (``X_DRIVER_UNAVAILABLE``) at once; the next call dials
@@ -936,8 +974,9 @@ class RedisDriver:
 
     def __init__(
         self,
-        url: str,
+        url: str | None = None,
         *,
+        client: aioredis.Redis | None = None,
         prefix: str = "jobs",
         done_ttl: Duration = "7d",
         connect_timeout: Duration = "500ms",
@@ -951,7 +990,13 @@ class RedisDriver:
         except ValueError as exc:
             raise DriverRequestInvalidError(str(exc)) from None
         self.prefix = _check_prefix(prefix)
-        self._conn = Connection(_check_url(url), connect_s, command_s)
+        if client is not None:
+            if url is not None:
+                raise DriverRequestInvalidError("pass a url or a client, not both", option="client")
+            url = _given_client(client)
+        else:
+            url = _check_url(url or os.environ.get("REDIS_URL") or DEFAULT_URL)
+        self._conn = Connection(url, connect_s, command_s, given=client)
         self._keys = _Keys(self.prefix)
         self._s = _Shared(self._conn, self._keys)
         self._acks = _AckBatcher(self._s, self.done_ttl_ms)
@@ -965,8 +1010,9 @@ class RedisDriver:
     @classmethod
     async def connect(
         cls,
-        url: str,
+        url: str | None = None,
         *,
+        client: aioredis.Redis | None = None,
         prefix: str = "jobs",
         done_ttl: Duration = "7d",
         connect_timeout: Duration = "500ms",
@@ -976,6 +1022,7 @@ class RedisDriver:
 
         Args:
             url: as for :class:`RedisDriver`.
+            client: as for :class:`RedisDriver`.
             prefix: as for :class:`RedisDriver`.
             done_ttl: as for :class:`RedisDriver`.
             connect_timeout: as for :class:`RedisDriver`.
@@ -987,6 +1034,7 @@ class RedisDriver:
         """
         driver = cls(
             url,
+            client=client,
             prefix=prefix,
             done_ttl=done_ttl,
             connect_timeout=connect_timeout,
@@ -1026,12 +1074,16 @@ class RedisDriver:
                 request has an empty name, queue or idempotency key, ``max_attempts`` below 1, a
                 naive ``run_at``, a delay out of range, or an input that is not JSON (or holds a
                 NUL character).
+            JobRunIdTakenError: ``X_JOB_RUN_ID_TAKEN``, inserting nothing of the request's
+                chunk of 1,000, for a request that would insert a row under a run id another job
+                holds (its row, or its steps within ``done_ttl``), or two requests sharing one.
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` at once when the server cannot be
                 reached; nothing was queued.
         """
         rows = [self._row_args(req) for req in reqs]
         if not rows:
             return []
+        check_run_ids(reqs)
         calls: list[tuple[Sequence[str], Sequence[Any]]] = [
             (
                 [self._keys.seq],
@@ -1045,6 +1097,9 @@ class RedisDriver:
             if len(calls) == 1
             else await self._conn.run_all(script, calls)
         )
+        for offset, reply in zip(range(0, len(reqs), ENQUEUE_CHUNK), replies, strict=True):
+            if reply and reply[0] == "run-id-taken":
+                raise run_id_taken(reqs[offset + int(reply[1]) - 1], reply[2])
         flat = [v for reply in replies for v in reply]
         return [
             # An inserted row answers the request's own ids: only a deduped one needs parsing.
@@ -1321,7 +1376,7 @@ def open_redis_driver(url: str, **options: Any) -> RedisDriver:
         )
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
-    in_url = {key: value for key, value in query if key in _OPTIONS}
+    in_url: dict[str, Any] = {key: value for key, value in query if key in _OPTIONS}
     twice = sorted(set(in_url) & set(options))
     if twice:
         raise DriverRequestInvalidError(

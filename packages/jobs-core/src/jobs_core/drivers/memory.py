@@ -55,6 +55,8 @@ from jobs_core.driver import (
     StepResolution,
     StepStore,
     check_enqueue_request,
+    check_run_ids,
+    run_id_taken,
 )
 from jobs_core.drivers.memory_outbox import MemoryOutboxStore
 from jobs_core.errors import (
@@ -71,8 +73,10 @@ from jobs_core.errors import (
     StepNotResolvableError,
 )
 from jobs_core.ids import new_id
+from jobs_core.serialization import json_text_has_surrogate
 from jobs_core.types import (
     BULK_LIMIT,
+    COUNTER_TIERS,
     LEASE_LAPSED_FINAL_ATTEMPT,
     LIVE_STATES,
     MAX_COUNTER_ROWS,
@@ -135,16 +139,15 @@ _COUNTED: dict[JobState, str] = {
 """Finished states that add to the job's counters (a cancel is an operator's act, not an
 outcome)."""
 _TIER_WIDTH: dict[CounterTier, timedelta] = {
-    "1m": timedelta(minutes=1),
-    "5m": timedelta(minutes=5),
-    "1h": timedelta(hours=1),
+    spec.tier: timedelta(milliseconds=spec.width_ms) for spec in COUNTER_TIERS
 }
 _TIER_KEPT: dict[CounterTier, timedelta] = {
-    "1m": timedelta(hours=24),
-    "5m": timedelta(days=7),
-    "1h": timedelta(days=30),
+    spec.tier: timedelta(milliseconds=spec.kept_ms) for spec in COUNTER_TIERS
 }
-_TIER_PARENT: dict[CounterTier, CounterTier | None] = {"1m": "5m", "5m": "1h", "1h": None}
+_TIER_PARENT: dict[CounterTier, CounterTier | None] = {
+    spec.tier: (COUNTER_TIERS[i + 1].tier if i + 1 < len(COUNTER_TIERS) else None)
+    for i, spec in enumerate(COUNTER_TIERS)
+}
 
 
 @dataclass(slots=True, eq=False)
@@ -284,7 +287,8 @@ def _encode(value: JSONValue, what: str) -> str:
 
     Raises:
         DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` when ``value`` is not JSON (an
-            arbitrary object, a cycle, ``NaN`` or an infinity) or holds a NUL character.
+            arbitrary object, a cycle, ``NaN`` or an infinity) or holds a NUL character or a lone
+            surrogate.
     """
     # null, true, false and ints (a no-op's result, a flag, a count) skip building an encoder.
     if value is None:
@@ -299,6 +303,11 @@ def _encode(value: JSONValue, what: str) -> str:
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise DriverRequestInvalidError(
             f"{what} holds a NUL character (U+0000), which no driver can store", field=what
+        )
+    if json_text_has_surrogate(text):
+        raise DriverRequestInvalidError(
+            f"{what} holds a lone surrogate (U+D800..U+DFFF), which UTF-8 cannot encode",
+            field=what,
         )
     return text
 
@@ -445,6 +454,8 @@ class _Memory:
         self.rows: dict[UUID, _Row] = {}
         self.live: dict[UUID, _Row] = {}
         self.keys: dict[tuple[str, str, str], _Row] = {}
+        # Run id -> the row that owns it (every row, live or finished, until it is removed).
+        self.runs: dict[UUID, _Row] = {}
         self.queues: dict[str, _Queue] = {}
         self.paused: set[str] = set()
         # Every row ordered by _position, for cursor paging.
@@ -592,6 +603,8 @@ class _Memory:
     def drop(self, row: _Row) -> None:
         """Delete a non-running row and its run's steps; the caller removes it from ``listing``."""
         del self.rows[row.id]
+        if self.runs.get(row.run_id) is row:
+            del self.runs[row.run_id]
         if row.id in self.live:
             del self.live[row.id]
             key = _live_key(row)
@@ -1477,13 +1490,16 @@ class MemorySchedulerState:
             )
         driver = self._driver
         inputs = [driver._checked_input(req) for req in fire.requests]
+        check_run_ids(fire.requests)
         woken: set[str] = set()
         with self._m.lock:
             now = self._m.now()
             if self._m.watermarks.get(task) != fire.expected:
                 return None
-            # Every due instant is computed before the first insert so a bad one writes nothing.
+            # Every due instant and run id is checked before the first insert so a bad one
+            # writes nothing.
             due = [driver._due_at(req, now) for req in fire.requests]
+            driver._check_runs(fire.requests)
             results = [
                 driver._insert(req, text, run_at, now, woken)
                 for req, text, run_at in zip(fire.requests, inputs, due, strict=True)
@@ -1865,17 +1881,37 @@ class MemoryDriver:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`close`; nothing queued.
         """
         inputs = [self._checked_input(req) for req in reqs]
+        check_run_ids(reqs)
         woken: set[str] = set()
         with self._m.lock:
             now = self._m.now()
-            # Every due instant is computed before the first insert so a bad one inserts nothing.
+            # Every due instant and run id is checked before the first insert so a bad one
+            # inserts nothing.
             due = [self._due_at(req, now) for req in reqs]
+            self._check_runs(reqs)
             results = [
                 self._insert(req, text, run_at, now, woken)
                 for req, text, run_at in zip(reqs, inputs, due, strict=True)
             ]
         self._m.notify(woken)
         return results
+
+    def _check_runs(self, reqs: Sequence[EnqueueRequest]) -> None:
+        """Refuse a request that would insert a row whose run id another row holds.
+
+        A request answered by the row its id names, or deduped on a live key (an earlier
+        request of the batch included), inserts nothing and is never refused.
+        """
+        m = self._m
+        keys: set[tuple[str, str, str]] = set()
+        for req in reqs:
+            key = (req.name, req.tenant_id or "", req.idempotency_key)
+            if req.id in m.rows or key in m.keys or key in keys:
+                continue
+            keys.add(key)
+            holder = m.runs.get(req.run_id)
+            if holder is not None:
+                raise run_id_taken(req, holder.id)
 
     @staticmethod
     def _checked_input(req: EnqueueRequest) -> str:
@@ -1920,6 +1956,7 @@ class MemoryDriver:
         m.rows[row.id] = row
         m.live[row.id] = row
         m.keys[_live_key(row)] = row
+        m.runs[row.run_id] = row
         listing = m.listing
         if not listing or _position(listing[-1]) < _position(row):
             listing.append(row)  # the usual case: ids and the clock only move forward

@@ -19,9 +19,11 @@ from typing import Any, Literal
 from uuid import UUID, uuid4
 
 from jobs_core.clock import SYSTEM_CLOCK, Clock
+from jobs_core.driver import check_enqueue_request
 from jobs_core.errors import (
     DriverRequestInvalidError,
 )
+from jobs_core.serialization import json_text_has_surrogate
 from jobs_core.types import EnqueueRequest, OutboxClaim, OutboxRow
 
 
@@ -82,6 +84,54 @@ class MemoryTransaction:
         return self.store._rollback(self)
 
 
+class MemoryRelayLease:
+    """The relay lease of a :class:`MemoryOutboxStore`: one holder at a time, with an expiry.
+
+    A :class:`~jobs_core.driver.LeaderLease` measured on the store's clock.
+
+    Args:
+        clock: the store's clock.
+        lock: the store's lock.
+    """
+
+    def __init__(self, clock: Clock, lock: threading.Lock) -> None:
+        self._clock = clock
+        self._lock = lock
+        self._holder: str | None = None
+        self._until: datetime | None = None
+
+    async def acquire(self, holder: str, ttl_ms: int) -> bool:
+        """Take the lease if it is free or lapsed, or renew it for ``holder``.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty holder or
+                ``ttl_ms`` below 1.
+        """
+        if not holder or ttl_ms < 1:
+            raise DriverRequestInvalidError(
+                "the relay lease needs a non-empty holder and ttl_ms >= 1", ttl_ms=ttl_ms
+            )
+        with self._lock:
+            now = self._clock.now()
+            if self._holder not in (None, holder) and self._until is not None and self._until > now:
+                return False
+            self._holder, self._until = holder, now + timedelta(milliseconds=ttl_ms)
+            return True
+
+    async def release(self, holder: str) -> None:
+        """Free the lease if ``holder`` holds it."""
+        with self._lock:
+            if self._holder == holder:
+                self._holder = self._until = None
+
+    async def holder(self) -> str | None:
+        """Answer the unexpired holder, or ``None``."""
+        with self._lock:
+            if self._until is None or self._until <= self._clock.now():
+                return None
+            return self._holder
+
+
 class MemoryOutboxStore:
     """An in-process :class:`~jobs_core.driver.OutboxStore` for tests and the demo.
 
@@ -94,11 +144,15 @@ class MemoryOutboxStore:
     Args:
         clock: the clock ``staged_at`` and claim leases read (the driver's, in tests);
             :data:`~jobs_core.clock.SYSTEM_CLOCK` when ``None``.
+
+    Attributes:
+        relay_lease: the lease one relay at a time holds (:class:`MemoryRelayLease`).
     """
 
     def __init__(self, clock: Clock | None = None) -> None:
         self._clock = SYSTEM_CLOCK if clock is None else clock
         self._lock = threading.Lock()
+        self.relay_lease = MemoryRelayLease(self._clock, self._lock)
         # Committed, unpublished rows, kept in publish order; published rows are dropped.
         self._pending: list[_Staged] = []
         self._by_id: dict[UUID, _Staged] = {}
@@ -172,8 +226,10 @@ class MemoryOutboxStore:
     async def claim(self, req: OutboxClaim) -> list[OutboxRow]:
         """Take up to ``req.limit`` committed, unpublished rows whose claim is free or lapsed.
 
-        Rows held by another unexpired claim are skipped. Each taken row gets this claim's fresh
-        token, ``claimed_by``, ``claimed_at`` and a lease until now plus ``req.lease_ms``.
+        A row held by an unexpired claim is skipped, and so is every later row of its lane
+        (``order_key``; rows without one share a lane), so no row overtakes one still held.
+        Each taken row gets this claim's fresh token, ``claimed_by``, ``claimed_at`` and a
+        lease until now plus ``req.lease_ms``.
 
         Returns:
             The rows in ``(staged_at, id)`` order.
@@ -191,13 +247,18 @@ class MemoryOutboxStore:
             )
         token = uuid4().hex
         taken: list[OutboxRow] = []
+        blocked: set[str] = set()
         with self._lock:
             now = self._clock.now()
             lease_until = now + timedelta(milliseconds=req.lease_ms)
             for row in self._pending:
                 if len(taken) == req.limit:
                     break
+                lane = row.request.order_key or ""
+                if lane in blocked:
+                    continue
                 if row.lease_until is not None and row.lease_until > now:
+                    blocked.add(lane)
                     continue
                 row.claimed_by, row.claimed_at = req.relay_id, now
                 row.lease_until, row.token = lease_until, token
@@ -261,9 +322,17 @@ class MemoryOutboxStore:
 
 
 def _json_text(req: EnqueueRequest) -> str:
+    check_enqueue_request(req)
     try:
-        return json.dumps(req.input, allow_nan=False)
+        text = json.dumps(req.input, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise DriverRequestInvalidError(
             f"the input of {req.name} is not JSON: {exc}", job=req.name
         ) from None
+    if json_text_has_surrogate(text):
+        raise DriverRequestInvalidError(
+            f"the input of {req.name} holds a lone surrogate (U+D800..U+DFFF), which UTF-8 "
+            "cannot encode",
+            job=req.name,
+        )
+    return text

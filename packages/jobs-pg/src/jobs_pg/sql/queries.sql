@@ -19,9 +19,10 @@ AND (%(f_to)s::timestamptz IS NULL OR j.created_at < %(f_to)s)
 
 -- name: enqueue
 -- Inserts up to 1,000 rows in one statement. ON CONFLICT DO NOTHING covers the primary key (an
--- explicit id that already names a row) and the live-key index (dedupe); the final SELECT answers
--- each request that inserted nothing with the row that holds it: the row its id names, the live
--- row holding its key, or an earlier request of this batch with the same key. A request answered
+-- explicit id that already names a row), the live-key index (dedupe) and the run id index; the
+-- final SELECT answers each request that inserted nothing with the row that holds it: the row its
+-- id names, the live row holding its key, or an earlier request of this batch with the same key;
+-- one whose run id another row holds raises X_JOB_RUN_ID_TAKEN instead. A request answered
 -- by nothing lost a race with a transaction that committed after this statement's snapshot; the
 -- driver runs those again. Due rows wake their queues through the throttle (wake()).
 -- The requests come as one JSON array of objects keyed by column (a JSON null input comes out
@@ -70,7 +71,7 @@ woken AS (
 -- its row is the id and run id it brought.
 SELECT NULL::bigint, NULL::uuid, NULL::uuid, (SELECT notified FROM woken)
 UNION ALL
-(SELECT r.ord, coalesce(e.id, k.id, b.id), coalesce(e.run_id, k.run_id, b.run_id), NULL
+(SELECT r.ord, coalesce(e.id, k.id, b.id, x.id), coalesce(e.run_id, k.run_id, b.run_id), NULL
 FROM req r
 -- Each lookup is a LIMIT 1 lateral: the planner cannot turn it into a hash join over the whole
 -- table (a plan cached while the table was small would scan it at every enqueue).
@@ -92,6 +93,13 @@ LEFT JOIN LATERAL (
       AND b.idempotency_key = r.idempotency_key
     LIMIT 1
 ) b ON true
+-- A request that met neither its id nor a live key inserted nothing because another row holds
+-- its run id: run_id_taken() raises, and the whole statement inserts nothing (migration 0005).
+LEFT JOIN LATERAL (
+    SELECT {schema}.run_id_taken(r.run_id, x.id) AS id FROM {schema}.jobs x
+    WHERE e.id IS NULL AND k.id IS NULL AND b.id IS NULL AND x.run_id = r.run_id
+    LIMIT 1
+) x ON true
 WHERE NOT EXISTS (SELECT 1 FROM inserted i WHERE i.id = r.id)
 ORDER BY r.ord)
 
@@ -700,29 +708,50 @@ SELECT count(*) FROM purged
 -- here, so the relay publishes the instant the caller asked for.
 INSERT INTO {schema}.outbox (
     id, name, queue, input, idempotency_key, tenant_id, max_attempts, run_id, run_at,
-    traceparent, enqueued_by, staged_at
+    traceparent, enqueued_by, order_key, staged_at
 )
 SELECT r.id, r.name, r.queue, r.input::jsonb, r.idempotency_key, r.tenant_id, r.max_attempts,
        r.run_id, greatest(coalesce(r.run_at, {now} + r.delay_ms * interval '1 millisecond'), {now}),
-       r.traceparent, r.enqueued_by, {now}
+       r.traceparent, r.enqueued_by, r.order_key, {now}
 FROM unnest(
     %(ids)s::uuid[], %(run_ids)s::uuid[], %(names)s::text[], %(queues)s::text[],
     %(inputs)s::text[], %(keys)s::text[], %(tenants)s::text[], %(max_attempts)s::int[],
     %(run_ats)s::timestamptz[], %(delays)s::bigint[], %(traceparents)s::text[],
-    %(enqueued_bys)s::text[]
+    %(enqueued_bys)s::text[], %(order_keys)s::text[]
 ) WITH ORDINALITY AS r(id, run_id, name, queue, input, idempotency_key, tenant_id, max_attempts,
-                       run_at, delay_ms, traceparent, enqueued_by, ord)
+                       run_at, delay_ms, traceparent, enqueued_by, order_key, ord)
 ORDER BY r.ord
 
+-- name: outbox_claim_lock
+-- Serialises claims for the rest of the transaction: the claim that follows, in a statement of
+-- its own, sees every claim committed before it (two claims side by side would each see the
+-- other's rows as free, and the second would take the rows after the first's).
+SELECT pg_advisory_xact_lock(hashtext(%(namespace)s), hashtext(%(key)s))
+
 -- name: outbox_claim
--- Takes up to `limit` committed, unpublished rows whose claim is free or lapsed, oldest first,
--- under a new token.
-WITH picked AS (
+-- Takes up to `limit` committed, unpublished rows whose claim is free or lapsed, in
+-- (staged_at, id) order, under a new token; runs after outbox_claim_lock. A row is never taken
+-- when an unpublished row of its lane (order_key, or '' without one) staged before it is held
+-- by an unexpired claim: no row overtakes one a relay still holds (migration 0006).
+WITH held AS (
+    SELECT DISTINCT ON (coalesce(h.order_key, '')) coalesce(h.order_key, '') AS lane,
+           h.staged_at, h.id
+    FROM {schema}.outbox h
+    WHERE h.published_at IS NULL AND h.claim_expires_at IS NOT NULL
+      AND h.claim_expires_at > {now}
+    ORDER BY coalesce(h.order_key, ''), h.staged_at, h.id
+),
+picked AS (
     SELECT o.id FROM {schema}.outbox o
     WHERE o.published_at IS NULL AND (o.claim_expires_at IS NULL OR o.claim_expires_at <= {now})
+      AND NOT EXISTS (
+          SELECT 1 FROM held
+          WHERE held.lane = coalesce(o.order_key, '')
+            AND (held.staged_at, held.id) < (o.staged_at, o.id)
+      )
     ORDER BY o.staged_at, o.id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE
 )
 UPDATE {schema}.outbox o
 SET claimed_at = {now}, claimed_by = %(token)s,
@@ -730,7 +759,7 @@ SET claimed_at = {now}, claimed_by = %(token)s,
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.name, o.queue, o.input, o.idempotency_key, o.tenant_id, o.max_attempts,
-          o.run_id, o.run_at, o.traceparent, o.enqueued_by, o.staged_at
+          o.run_id, o.run_at, o.traceparent, o.enqueued_by, o.staged_at, o.order_key
 
 -- name: outbox_release
 UPDATE {schema}.outbox
@@ -789,20 +818,20 @@ DELETE FROM {schema}.paused_tasks WHERE task = %(task)s
 SELECT task FROM {schema}.paused_tasks ORDER BY task
 
 -- name: leader_acquire
--- Takes the leader row when it is free or lapsed, or renews it for its holder; answers whether
--- `holder` holds it now.
+-- Takes the leader row `name` ('scheduler', or 'outbox-relay' for the relay lease) when it is
+-- free or lapsed, or renews it for its holder; answers whether `holder` holds it now.
 INSERT INTO {schema}.scheduler_leader AS l (name, holder, expires_at)
-VALUES ('scheduler', %(holder)s, {now} + %(ttl_ms)s * interval '1 millisecond')
+VALUES (%(name)s, %(holder)s, {now} + %(ttl_ms)s * interval '1 millisecond')
 ON CONFLICT (name) DO UPDATE
 SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
 WHERE l.holder = EXCLUDED.holder OR l.expires_at <= {now}
 RETURNING 1
 
 -- name: leader_release
-DELETE FROM {schema}.scheduler_leader WHERE name = 'scheduler' AND holder = %(holder)s
+DELETE FROM {schema}.scheduler_leader WHERE name = %(name)s AND holder = %(holder)s
 
 -- name: leader_holder
-SELECT holder FROM {schema}.scheduler_leader WHERE name = 'scheduler' AND expires_at > {now}
+SELECT holder FROM {schema}.scheduler_leader WHERE name = %(name)s AND expires_at > {now}
 
 -- name: worker_beat
 -- Inserts or refreshes a worker's row; rows expired a day ago are swept in the same statement.

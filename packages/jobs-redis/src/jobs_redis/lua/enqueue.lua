@@ -3,19 +3,23 @@
 -- KEYS[1]  <base>seq     the row sequence counter; it routes the call (every key shares its tag)
 -- ARGV[1]  base          "{<prefix>}:"; every other key is built from it and so carries the same
 --                        hash tag: <base>j:<id> (row), <base>live (live keys -> id),
---                        <base>queues (queue names), <base>q:<queue>:r (ready/delayed by run_at)
+--                        <base>queues (queue names), <base>q:<queue>:r (ready/delayed by run_at),
+--                        <base>s:<run_id> (the run's steps; field "#job" names its job)
 -- ARGV[2]  n             how many rows follow
 -- ARGV[3…] 13 values per row: id, run_id, name, queue, input (JSON text), idempotency key,
 --          tenant (optional), max_attempts, run_at (µs since the epoch, "" for none), delay_ms,
 --          traceparent (optional), enqueued_by (optional), live-key field.
 --          An optional value is "" for None, else "=" followed by the text.
--- Reply:   3 values per row, in input order: id, run_id, 1 when deduped else 0.
+-- Reply:   3 values per row, in input order: id, run_id, 1 when deduped else 0; or, writing
+--          nothing, { "run-id-taken", position (1-based), the holding job's id }.
 --
 -- A request whose id names a row (live or finished) answers it; else one whose live key is held
 -- (by an earlier row of this call too) answers the holder; else a row is inserted. Its run_at is
 -- the request's (a past one is stored as the server's now) or now plus delay_ms; it is "delayed"
 -- when run_at is in the future, else "ready". Each queue that received a ready row is published
--- once on <base>wake.
+-- once on <base>wake. A run id belongs to one job: an inserted row records its id in its run's
+-- steps hash (<base>s:<run_id>, field "#job", which expires with the row's steps), and a request
+-- that would insert a row under a run id another job recorded refuses the whole call.
 
 local base = ARGV[1]
 local n = tonumber(ARGV[2])
@@ -26,20 +30,45 @@ local live = base .. 'live'
 local reply = {}
 local woken = {}
 
+-- First pass, writing nothing: who answers each request (the row its id names, the live row
+-- holding its key, or an earlier request of this call with the key), and whether a request
+-- that inserts brings a run id another job recorded (then the whole call is refused).
+local held = {}
+local held_run = {}
+local batch_ids = {}
+local batch_keys = {}
+for i = 0, n - 1 do
+  local o = 3 + i * 13
+  local id, run_id, lk = ARGV[o], ARGV[o + 1], ARGV[o + 12]
+  if batch_ids[id] then
+    held[i] = id
+    held_run[i] = batch_ids[id]
+  elseif redis.call('EXISTS', base .. 'j:' .. id) == 1 then
+    held[i] = id
+  elseif batch_keys[lk] then
+    held[i] = batch_keys[lk][1]
+    held_run[i] = batch_keys[lk][2]
+  else
+    held[i] = redis.call('HGET', live, lk)
+    if not held[i] then
+      local owner = redis.call('HGET', base .. 's:' .. run_id, '#job')
+      if owner and owner ~= id then
+        return { 'run-id-taken', i + 1, owner }
+      end
+      batch_keys[lk] = { id, run_id }
+      batch_ids[id] = run_id
+    end
+  end
+end
+
 for i = 0, n - 1 do
   local o = 3 + i * 13
   local id, run_id, name, queue = ARGV[o], ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
   local lk = ARGV[o + 12]
   local jk = base .. 'j:' .. id
-  local held = nil
-  if redis.call('EXISTS', jk) == 1 then
-    held = id
-  else
-    held = redis.call('HGET', live, lk)
-  end
-  if held then
-    reply[#reply + 1] = held
-    reply[#reply + 1] = redis.call('HGET', base .. 'j:' .. held, 'run')
+  if held[i] then
+    reply[#reply + 1] = held[i]
+    reply[#reply + 1] = held_run[i] or redis.call('HGET', base .. 'j:' .. held[i], 'run')
     reply[#reply + 1] = 1
   else
     local run_at
@@ -59,6 +88,7 @@ for i = 0, n - 1 do
       'updated', now_s, 'err', '', 'errc', '', 'errs', '', 'result', 'null',
       'tp', ARGV[o + 10], 'eb', ARGV[o + 11], 'state', state, 'm', m, 'lk', lk)
     redis.call('HSET', live, lk, id)
+    redis.call('HSET', base .. 's:' .. run_id, '#job', id)
     redis.call('SADD', base .. 'queues', queue)
     redis.call('ZADD', base .. 'q:' .. queue .. ':r', string.format('%.0f', run_at), m)
     if state == 'ready' then woken[queue] = true end
