@@ -13,7 +13,7 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 
 from jobs_core import introspect
 from jobs_core.errors import JobsError
@@ -252,6 +252,16 @@ class Pages:
         fixed = {"state": JobState.DEAD.value} if dead else {}
         try:
             query = ListQuery.parse(request.query_params, **fixed)
+            # One URL per listing: a filter form's empty fields (and the fixed state of the
+            # dead-letter page) are dropped, so the address bar is the shareable link.
+            path = "/dead" if dead else "/jobs"
+            shown = dataclasses.replace(
+                query, fields={k: v for k, v in query.fields.items() if k not in fixed}
+            )
+            canonical = shown.href("", after=query.after, before=query.before).lstrip("?")
+            if request.url.query != canonical:
+                target = f"{request.state.base}{path}" + (f"?{canonical}" if canonical else "")
+                return RedirectResponse(target, 302)
             page = await introspect.list_jobs(
                 dash.driver,
                 limit=query.limit,
@@ -276,7 +286,7 @@ class Pages:
         return dash.render(
             request,
             "jobs.html",
-            query=query,
+            query=shown,
             rows=page.rows,
             next=page.next,
             prev=page.prev,
