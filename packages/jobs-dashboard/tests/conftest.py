@@ -105,13 +105,18 @@ def serve(driver: PostgresDriver) -> Serve:
     return start
 
 
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
+@pytest.fixture(scope="session")
+def chromium() -> str:
     if not Path(CHROMIUM).exists():
         pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (.ci/run does)")
+    return CHROMIUM
+
+
+@pytest.fixture
+async def browser(chromium: str) -> AsyncIterator[Browser]:
     async with async_playwright() as playwright:
         launched = await playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+            executable_path=chromium, headless=True, args=CHROMIUM_ARGS
         )
         yield launched
         await launched.close()

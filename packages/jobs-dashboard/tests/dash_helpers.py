@@ -29,7 +29,9 @@ async def serving(app: Any) -> AsyncIterator[str]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
+    # A browser tab's connection mid-poll must not hold the shutdown: 2 s, then it is cut.
+    config = uvicorn.Config(app, lifespan="off", log_level="warning", timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         async with asyncio.timeout(20):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 import dash_jobs
@@ -59,13 +59,12 @@ async def test_overview_numbers_match_jobsctl_stats(
         await page.goto(base + "/")
         shown = await stat_cells(page)
         await shot(page, screenshots, "overview")
-    cli = subprocess.run(
-        [sys.executable, "-m", "jobs_core", "stats", "--json", "--driver", url],
-        capture_output=True,
-        text=True,
-        check=True,
+    cli = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "jobs_core", "stats", "--json", "--driver", url, stdout=PIPE
     )
-    stats = {row["stats"]["queue"]: row for row in json.loads(cli.stdout)}
+    out, _ = await cli.communicate()
+    assert cli.returncode == 0
+    stats = {row["stats"]["queue"]: row for row in json.loads(out)}
     assert set(shown) == set(stats) == {"alpha", "beta"}
     for queue, row in stats.items():
         for key in ("ready", "delayed", "running", "suspended", "failed", "dead"):

@@ -131,8 +131,14 @@ def dashboard(
         try:
             _import(apps or [])
             app = dashboard_app(opened, auth=hook, read_only=read_only, secret=secret)
+            # Open tabs poll every second: on SIGTERM they get 5 s, then their sockets close.
             config = uvicorn.Config(
-                app, host=host, port=port, lifespan="off", log_level=log_level.value
+                app,
+                host=host,
+                port=port,
+                lifespan="off",
+                log_level=log_level.value,
+                timeout_graceful_shutdown=5,
             )
             where = f"http://{host}:{port}/"
             who = f"user {user}, password {chosen_password}" if drawn else "your auth hook"
