@@ -58,6 +58,6 @@ async def seed_dead(driver: JobDriver, n: int, queue: str, first: int = 0) -> li
 
 def csrf_of(html: str) -> str:
     """Answer the CSRF token a served page embeds in its forms."""
-    found = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    found = re.search(r'name="csrf" (?:value|content)="([0-9a-f]+)"', html)
     assert found, "the page carries no CSRF token"
     return found.group(1)

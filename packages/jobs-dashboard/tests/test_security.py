@@ -9,12 +9,12 @@ from typing import Any
 import dash_jobs
 import httpx
 import pytest
-from dash_helpers import CREDENTIALS, csrf_of, seed_dead, serving
 from playwright.async_api import BrowserContext
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Mount
 
+from dash_helpers import CREDENTIALS, csrf_of, seed_dead, serving
 from jobs_core import introspect, use_driver
 from jobs_core.tenancy import Actor
 from jobs_core.testing import run_jobs
@@ -174,9 +174,10 @@ async def test_a_job_name_or_error_holding_script_is_shown_escaped(
                 assert "<img src=x" not in html and "<b>q</b>" not in html, path
             shown = (await client.get(f"/jobs/{failed.id}")).text
             assert "&lt;script&gt;window.__xss = 1&lt;/script&gt;" in shown
-            assert "&lt;script&gt;window.__xss = 2&lt;/script&gt;" in (
-                await client.get(f"/jobs/{raw.id}")
-            ).text
+            assert (
+                "&lt;script&gt;window.__xss = 2&lt;/script&gt;"
+                in (await client.get(f"/jobs/{raw.id}")).text
+            )
         page = await context.new_page()
         for path in paths:
             await page.goto(base + path)

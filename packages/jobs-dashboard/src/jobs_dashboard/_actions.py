@@ -29,7 +29,12 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from jobs_core import introspect
 from jobs_core.driver import JobDriver
-from jobs_core.errors import DriverRequestInvalidError, JobsError
+from jobs_core.errors import (
+    DriverRequestInvalidError,
+    DriverUnavailableError,
+    JobsError,
+    NotImplementedByDriverError,
+)
 from jobs_core.tenancy import Actor
 from jobs_core.types import MAX_JOB_PAGE, BulkResult, JSONValue
 from jobs_dashboard._app import Dashboard
@@ -203,6 +208,8 @@ async def by_filter(
             try:
                 await apply(driver, action, str(row.id), params, actor)
                 affected += 1
+            except _WHOLE_REQUEST:
+                raise
             except JobsError as exc:
                 skipped[exc.code] += 1
         walked += len(page.rows)
@@ -213,14 +220,25 @@ async def by_filter(
         after = page.next
 
 
+_WHOLE_REQUEST = (NotImplementedByDriverError, DriverUnavailableError)
+"""Errors that concern the driver, not one target: they fail the whole request."""
+
+
 async def on_each(targets: list[str], act: Callable[[str], Awaitable[None]]) -> Outcome:
-    """Run ``act`` on each target; a refused one is counted under its error code."""
+    """Run ``act`` on each target; one refused is counted under its error code.
+
+    Raises:
+        NotImplementedByDriverError: ``X_NOT_IMPLEMENTED``, at the first target.
+        DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``, where the backend went away.
+    """
     affected = 0
     skipped: Counter[str] = Counter()
     for target in targets:
         try:
             await act(target)
             affected += 1
+        except _WHOLE_REQUEST:
+            raise
         except JobsError as exc:
             skipped[exc.code] += 1
     return Outcome(affected, sum(skipped.values()), dict(skipped))
@@ -423,7 +441,7 @@ class Actions:
         except JobsError as exc:
             return self.dash.failure(request, exc)
         _logged(actor, f"{action}-{kind}", scope, outcome, targets=names)
-        if len(names) == 1 and scope == "selection":
+        if len(names) == 1 and scope == "selection" and outcome.affected == 1:
             return self._redirect(request, path, QUEUE_ACTIONS[action])
         page = "overview" if kind == "queue" else "tasks"
         return self.dash.render(

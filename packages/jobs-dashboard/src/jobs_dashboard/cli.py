@@ -145,7 +145,12 @@ def dashboard(
             if not auth and not drawn:
                 who = f"user {user} (password as given)"
             mode = " read-only" if read_only else ""
-            _stderr.print(f"jobs dashboard{mode} on {where} over {opened.name}; sign in: {who}")
+            _stderr.print(
+                f"jobs dashboard{mode} on {where} over {opened.name}; sign in: {who}",
+                soft_wrap=True,
+                markup=False,
+                highlight=False,
+            )
             await uvicorn.Server(config).serve()
         finally:
             install_driver(None)
