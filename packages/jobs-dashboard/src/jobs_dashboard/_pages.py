@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from datetime import datetime, timedelta
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -20,7 +21,14 @@ from jobs_core.errors import JobsError
 from jobs_core.job import JobRegistry
 from jobs_core.steps import COMPENSATE_PREFIX, UNWINDING
 from jobs_core.task import TASK_REGISTRY, next_task_run
-from jobs_core.types import LIVE_STATES, REQUEUEABLE_STATES, JobInfo, JobState, StepRecord
+from jobs_core.types import (
+    LIVE_STATES,
+    REQUEUEABLE_STATES,
+    CounterBucket,
+    JobInfo,
+    JobState,
+    StepRecord,
+)
 from jobs_dashboard._app import Dashboard
 from jobs_dashboard._query import ListQuery
 
@@ -58,7 +66,7 @@ class Chart:
     done: tuple[int, ...]
     failures: tuple[int, ...]
     peak: int
-    totals: tuple[introspect.CounterBucket, ...]
+    totals: tuple[CounterBucket, ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -235,7 +243,7 @@ class Pages:
 
     async def _list(self, request: Request, *, dead: bool) -> Response:
         dash = self.dash
-        context = {
+        context: dict[str, Any] = {
             "dead": dead,
             "page": "dead" if dead else "jobs",
             "notice": self._notice(request),
