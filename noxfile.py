@@ -282,18 +282,19 @@ BENCH_PEERS = [
 def bench(session: nox.Session) -> None:
     """Run the benchmarks in bench/ (``nox -s bench -- --quick``; ``--peers`` adds the peers).
 
-    Installs jobs-core and, when their packages exist, jobs-pg, jobs-redis, jobs-webhooks and
-    jobs-import-export (editable), the floors' clients, uvicorn and the profiler; the pinned peers
-    only when ``--peers`` is passed. ``--webhooks`` runs the webhook figures instead
-    (bench/webhooks.py), ``--import-export`` the import/export ones (bench/import_export.py).
+    Installs jobs-core and, when their packages exist, jobs-pg, jobs-redis, jobs-webhooks,
+    jobs-import-export and jobs-dashboard (editable), the floors' clients, uvicorn, httpx and the
+    profiler; the pinned peers only when ``--peers`` is passed. ``--webhooks`` runs the webhook
+    figures instead (bench/webhooks.py), ``--import-export`` the import/export ones
+    (bench/import_export.py), ``--dashboard`` the dashboard's (bench/dashboard.py).
     """
     from pathlib import Path
 
     packages = ["-e", CORE]
-    for sibling in ("packages/jobs-pg", "packages/jobs-redis", WEBHOOKS, IMPORT_EXPORT):
+    for sibling in ("packages/jobs-pg", "packages/jobs-redis", WEBHOOKS, IMPORT_EXPORT, DASHBOARD):
         if (Path(sibling) / "pyproject.toml").exists():
             packages += ["-e", sibling]
-    session.install(*packages, *BENCH_PINS.values())
+    session.install(*packages, *BENCH_PINS.values(), PINS["httpx"])
     if "--peers" in session.posargs:
         session.install(*BENCH_PEERS)
         # arq 0.28.0 pins redis<6 while jobs-redis needs redis 8: installing it with its deps

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 from typing import Any
 
 import dash_jobs
@@ -161,8 +162,8 @@ async def test_a_job_name_or_error_holding_script_is_shown_escaped(
             idempotency_key="k<script>",
             tenant_id="<i>t</i>",
             max_attempts=1,
-            id=__import__("uuid").uuid4(),
-            run_id=__import__("uuid").uuid4(),
+            id=uuid.uuid4(),
+            run_id=uuid.uuid4(),
         )
     )
     paths = ["/", "/jobs", "/dead", f"/jobs/{failed.id}", f"/jobs/{raw.id}", "/jobs?queue=<b>q</b>"]
