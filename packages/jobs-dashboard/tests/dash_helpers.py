@@ -43,8 +43,12 @@ async def serving(app: Any) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        await task
-        sock.close()
+        # uvicorn bounds its own shutdown (above); this bounds the wait on it all the same.
+        try:
+            async with asyncio.timeout(20):
+                await task
+        finally:
+            sock.close()
 
 
 async def seed_dead(driver: JobDriver, n: int, queue: str, first: int = 0) -> list[UUID]:

@@ -62,7 +62,13 @@ async def test_overview_numbers_match_jobsctl_stats(
     cli = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "jobs_core", "stats", "--json", "--driver", url, stdout=PIPE
     )
-    out, _ = await cli.communicate()
+    try:
+        async with asyncio.timeout(60):
+            out, _ = await cli.communicate()
+    finally:
+        if cli.returncode is None:
+            cli.kill()
+            await cli.wait()
     assert cli.returncode == 0
     stats = {row["stats"]["queue"]: row for row in json.loads(out)}
     assert set(shown) == set(stats) == {"alpha", "beta"}
@@ -319,6 +325,7 @@ async def test_workers_and_tasks_pages(
             await expect(page.locator("p.notice")).to_contain_text("Resumed")
             await expect(task_row.locator("[data-field=paused]")).to_have_text("no")
     finally:
-        await worker.stop()
-        await running
+        async with asyncio.timeout(30):
+            await worker.stop()
+            await running
     assert await introspect.paused_tasks(driver) == []
