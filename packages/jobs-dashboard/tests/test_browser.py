@@ -7,12 +7,13 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from subprocess import PIPE
 from typing import Any
 
 import dash_jobs
-from playwright.async_api import BrowserContext, Page, expect
+from playwright.async_api import BrowserContext, Page, Request, expect
 
 from dash_helpers import seed_dead
 from jobs_core import Worker, introspect, use_driver
@@ -291,9 +292,62 @@ async def test_a_finished_job_shows_up_within_2s_without_a_reload(
         ).to_have_text(
             "done", timeout=max(100, int(2000 - (time.monotonic() - finished_at) * 1000))
         )
+        shown_at = datetime.now(UTC)
         assert time.monotonic() - finished_at < 2.0
+        # Measured from the finish itself too: the row's settle stamped updated_at (the server
+        # and this test share the machine's clock), a moment before run_jobs returned.
+        finished = (await introspect.get_job(driver, queued.id)).job
+        assert finished.state == JobState.DONE
+        assert shown_at - finished.updated_at < timedelta(seconds=2)
         for tab in (page, list_page):
             assert await tab.evaluate("window.__sameDocument === true")  # no reload happened
+
+
+HIDE = """hidden => {
+    Object.defineProperty(document, "hidden", {configurable: true, get: () => hidden});
+    document.dispatchEvent(new Event("visibilitychange"));
+}"""
+"""Make the page believe its tab was hidden or shown (headless Chromium never hides one)."""
+
+
+async def test_live_updates_pause_while_the_tab_is_hidden_and_resume_when_shown(
+    driver: PostgresDriver, serve: Any, context: BrowserContext
+) -> None:
+    with use_driver(driver):
+        queued = await dash_jobs.noop.enqueue(dash_jobs.N(n=2), queue="hidden")
+    polls: list[float] = []  # when each live poll started
+    pending: set[Request] = set()
+
+    def started(request: Request) -> None:
+        if "x-dashboard-live" in request.headers:
+            polls.append(time.monotonic())
+            pending.add(request)
+
+    def ended(request: Request) -> None:
+        pending.discard(request)
+
+    async with serve() as base:
+        page = await context.new_page()
+        page.on("request", started)
+        page.on("requestfinished", ended)
+        page.on("requestfailed", ended)
+        await page.goto(f"{base}/jobs?queue=hidden")
+        async with page.expect_request(lambda request: "x-dashboard-live" in request.headers):
+            pass  # polling runs while the tab shows
+        await page.evaluate(HIDE, True)
+        async with asyncio.timeout(10):
+            while pending:  # a poll sent before the hide may still finish
+                await asyncio.sleep(0.05)
+        hidden_at = time.monotonic()
+        await expect(page.locator("#live-status")).to_have_text("paused (tab hidden)")
+        await run_jobs(driver, queues=["hidden"])
+        await asyncio.sleep(2.5)  # more than two poll intervals, none of them polled
+        assert [at for at in polls if at > hidden_at] == []
+        cell = page.locator(f"tr[data-job-id='{queued.id}'] [data-field=state]")
+        await expect(cell).to_have_text("ready")  # finished, but a hidden tab is not refreshed
+        await page.evaluate(HIDE, False)
+        await expect(cell).to_have_text("done", timeout=2000)
+        await expect(page.locator("#live-status")).to_have_text("live")
 
 
 async def test_workers_and_tasks_pages(
@@ -324,8 +378,13 @@ async def test_workers_and_tasks_pages(
             await task_row.locator("button", has_text="Resume").click()
             await expect(page.locator("p.notice")).to_contain_text("Resumed")
             await expect(task_row.locator("[data-field=paused]")).to_have_text("no")
+            # Every task at once asks first, then counts what it paused.
+            await page.click("button[name=scope][value=all][formaction$='/tasks/pause']")
+            await expect(page.locator("p.summary")).to_contain_text("Pause 1 tasks: dash.tick?")
+            await page.click("button[data-confirm-bulk]")
+            await expect(page.locator("[data-result=affected]")).to_have_text("1")
     finally:
         async with asyncio.timeout(30):
             await worker.stop()
             await running
-    assert await introspect.paused_tasks(driver) == []
+    assert await introspect.paused_tasks(driver) == ["dash.tick"]

@@ -9,6 +9,8 @@
   "use strict";
 
   var INTERVAL_MS = 1000;
+  // A request the server never answers must not stop the updates for good: it is abandoned.
+  var TIMEOUT_MS = 10000;
   var busy = false;
 
   function setStatus(text) {
@@ -47,6 +49,7 @@
         headers: { "X-Dashboard-Live": "1" },
         credentials: "same-origin",
         cache: "no-store",
+        signal: AbortSignal.timeout(TIMEOUT_MS),
       });
       if (!response.ok) {
         setStatus("stale (" + response.status + ")");
@@ -60,7 +63,8 @@
         old.replaceWith(document.importNode(region, true));
       });
       retick(kept);
-      setStatus("live");
+      // A poll sent just before the tab was hidden must not claim the page is live again.
+      setStatus(document.hidden ? "paused (tab hidden)" : "live");
     } catch (error) {
       setStatus("offline");
     } finally {
