@@ -31,6 +31,9 @@ PINS = {
     "standardwebhooks": "standardwebhooks==1.1.0",
     "fastapi": "fastapi==0.163.2",
     "moto": "moto[server]==5.2.5",
+    # jobs-dashboard's tests: the HTTP client and the browser driver (Debian's Chromium).
+    "httpx": "httpx==0.28.1",
+    "playwright": "playwright==1.65.2",
 }
 
 CORE = "packages/jobs-core"
@@ -39,6 +42,10 @@ REDIS = "packages/jobs-redis"
 PG = "packages/jobs-pg"
 WEBHOOKS = "packages/jobs-webhooks"
 IMPORT_EXPORT = "packages/jobs-import-export"
+DASHBOARD = "packages/jobs-dashboard"
+# The dashboard's browser tests drive Debian's Chromium: Playwright's own browser download cannot
+# work on a machine that reaches only package registries.
+CHROMIUM = "/usr/bin/chromium"
 
 # The OpenTelemetry SDK (with its in-memory exporter) checks the optional tracing; jobs-core
 # itself needs only the API, and only when installed with the ``otel`` extra.
@@ -61,6 +68,7 @@ nox.options.sessions = [
     "conformance-pg",
     "tests-webhooks",
     "tests-import-export",
+    "tests-dashboard",
     # Last: it restarts the PostgreSQL server.
     "pg-restart",
 ]
@@ -93,6 +101,7 @@ def typecheck(session: nox.Session) -> None:
     session.install("-e", PG)
     session.install("-e", WEBHOOKS)
     session.install("-e", IMPORT_EXPORT)
+    session.install("-e", DASHBOARD)
     session.run("mypy")
 
 
@@ -190,6 +199,37 @@ def tests_import_export(session: nox.Session) -> None:
     session.run("pytest", f"{IMPORT_EXPORT}/tests", "-m", "not slow", "-q", *session.posargs)
 
 
+@nox.session(name="tests-dashboard", python=PYTHON)
+def tests_dashboard(session: nox.Session) -> None:
+    """Run jobs-dashboard's tests: HTTP and Playwright-driven Chromium over PostgreSQL and Redis.
+
+    Needs Debian's Chromium at /usr/bin/chromium (installed here with apt-get when missing and
+    running as root, as CI does). Screenshots of every page land in
+    ``.nox/tests-dashboard/screenshots``.
+    """
+    import os
+    from pathlib import Path
+
+    if not Path(CHROMIUM).exists():
+        if os.geteuid() != 0:
+            session.error(f"no {CHROMIUM}: sudo apt-get install -y chromium")
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "chromium", external=True)
+    session.install(
+        "-e", CORE, "-e", CONFORMANCE, "-e", PG, "-e", REDIS, "-e", DASHBOARD,
+        PINS["redis"], PINS["hiredis"], PINS["httpx"], PINS["playwright"], *TEST_DEPS,
+    )  # fmt: skip
+    shots = Path(session.virtualenv.location) / "screenshots"
+    session.run(
+        "pytest",
+        f"{DASHBOARD}/tests",
+        "-q",
+        *session.posargs,
+        env={"JOBS_DASHBOARD_SCREENSHOTS": str(shots)},
+    )
+    session.log(f"screenshots: {shots}")
+
+
 @nox.session(name="pg-restart", python=PYTHON)
 def pg_restart(session: nox.Session) -> None:
     """Restart PostgreSQL under a running worker (jobs-pg's ``slow`` tests): run it alone."""
@@ -242,18 +282,19 @@ BENCH_PEERS = [
 def bench(session: nox.Session) -> None:
     """Run the benchmarks in bench/ (``nox -s bench -- --quick``; ``--peers`` adds the peers).
 
-    Installs jobs-core and, when their packages exist, jobs-pg, jobs-redis, jobs-webhooks and
-    jobs-import-export (editable), the floors' clients, uvicorn and the profiler; the pinned peers
-    only when ``--peers`` is passed. ``--webhooks`` runs the webhook figures instead
-    (bench/webhooks.py), ``--import-export`` the import/export ones (bench/import_export.py).
+    Installs jobs-core and, when their packages exist, jobs-pg, jobs-redis, jobs-webhooks,
+    jobs-import-export and jobs-dashboard (editable), the floors' clients, uvicorn, httpx and the
+    profiler; the pinned peers only when ``--peers`` is passed. ``--webhooks`` runs the webhook
+    figures instead (bench/webhooks.py), ``--import-export`` the import/export ones
+    (bench/import_export.py), ``--dashboard`` the dashboard's (bench/dashboard.py).
     """
     from pathlib import Path
 
     packages = ["-e", CORE]
-    for sibling in ("packages/jobs-pg", "packages/jobs-redis", WEBHOOKS, IMPORT_EXPORT):
+    for sibling in ("packages/jobs-pg", "packages/jobs-redis", WEBHOOKS, IMPORT_EXPORT, DASHBOARD):
         if (Path(sibling) / "pyproject.toml").exists():
             packages += ["-e", sibling]
-    session.install(*packages, *BENCH_PINS.values())
+    session.install(*packages, *BENCH_PINS.values(), PINS["httpx"])
     if "--peers" in session.posargs:
         session.install(*BENCH_PEERS)
         # arq 0.28.0 pins redis<6 while jobs-redis needs redis 8: installing it with its deps

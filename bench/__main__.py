@@ -9,6 +9,7 @@ Examples:
     python -m bench --webhooks --quick           # jobs-webhooks' figures (bench/webhooks.py)
     python -m bench --import-export              # jobs-import-export: RSS and throughput
     python -m bench --import-export --instructions  # ... and instructions per row (valgrind)
+    python -m bench --dashboard                  # the dashboard's jobs list over 1M pg rows
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="with --import-export: also count instructions per row under valgrind (callgrind)",
     )
+    parser.add_argument(
+        "--dashboard", action="store_true", help="the dashboard's jobs list over 1M pg rows"
+    )
     return parser.parse_args(argv)
 
 
@@ -99,6 +103,11 @@ def main(argv: list[str]) -> int:
             markdown=args.markdown,
             instructions=args.instructions,
         )
+    if args.dashboard:
+        from bench.dashboard import main as dashboard_main
+
+        dashboard_main(["--quick"] if args.quick else [])
+        return 0
     sizes = Sizes.quick() if args.quick else Sizes.full()
     results = Results()
     drivers = []
