@@ -13,13 +13,13 @@ import pytest
 from pydantic import BaseModel
 
 from jobs_core import REGISTRY, UNWIND_MARGIN, Concurrency, JobRegistry, Retry, job
-from jobs_core.job import declaration_site
 from jobs_core.errors import (
     IdempotencyRequiredError,
     JobDeclarationInvalidError,
     JobDuplicateError,
     TenantRequiredError,
 )
+from jobs_core.job import declaration_site
 
 
 class Onboard(BaseModel):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from jobs_core.errors import BackfillSourceInvalidError
 from jobs_core.serialization import to_json_form
@@ -48,6 +48,24 @@ class BackfillSource(Protocol):
         ...
 
 
+def _pool_lender(connect: object) -> Callable[[], Any] | None:
+    """Answer a pool's ``connection`` method (a connection itself has ``execute`` too)."""
+    pooled = getattr(connect, "connection", None)
+    if callable(pooled) and not callable(getattr(connect, "execute", None)):
+        return cast(Callable[[], Any], pooled)
+    return None
+
+
+def connect_problem(connect: object) -> str | None:
+    """Answer why ``connect`` is not a :data:`Connect`, or ``None`` when it is one."""
+    if isinstance(connect, str) or _pool_lender(connect) is not None or callable(connect):
+        return None
+    return (
+        f"connect: {type(connect).__name__} is not a conninfo string, a connection factory or "
+        "a pool"
+    )
+
+
 def open_connection(connect: Connect) -> AbstractAsyncContextManager[Any]:
     """Answer an async context manager lending one psycopg connection from ``connect``.
 
@@ -60,16 +78,12 @@ def open_connection(connect: Connect) -> AbstractAsyncContextManager[Any]:
     """
     if isinstance(connect, str):
         return _dialled(connect)
-    pooled = getattr(connect, "connection", None)
-    if callable(pooled) and not callable(getattr(connect, "execute", None)):
-        return _borrowed(pooled)
+    lend = _pool_lender(connect)
+    if lend is not None:
+        return _borrowed(lend)
     if callable(connect):
         return _made(connect)
-    raise BackfillSourceInvalidError(
-        f"connect: {type(connect).__name__} is not a conninfo string, a connection factory or "
-        "a pool",
-        field="connect",
-    )
+    raise BackfillSourceInvalidError(str(connect_problem(connect)), field="connect")
 
 
 @asynccontextmanager
@@ -262,6 +276,9 @@ def keyset(
     """
     keys = [key] if isinstance(key, str) else list(key)
     problems = []
+    connect_wrong = connect_problem(connect)
+    if connect_wrong is not None:
+        problems.append(connect_wrong)
     if not keys or not all(isinstance(k, str) and k and "\x00" not in k for k in keys):
         problems.append("key: one or more column names")
     if not isinstance(table, str) or not table or table.count(".") > 1:

@@ -3,7 +3,8 @@
 -- KEYS[1]  <base>seq     routes the call (every key shares its hash tag)
 -- ARGV[1]  base          "{<prefix>}:"; keys built from it (same hash tag): <base>j:<id> (row),
 --                        <base>live, <base>q:<queue>:l (running rows), <base>q:<queue>:f
---                        (finished counts), <base>s:<run_id> (the run's steps)
+--                        (finished counts), <base>s:<run_id> (the run's steps),
+--                        <base>fin:done (settled rows by settle time, for retention.lua)
 -- ARGV[2]  done_ttl_ms   the rows and their steps expire this long after the ack; 0 keeps them
 -- ARGV[3]  n             how many acks follow
 -- ARGV[4…] 4 values per ack: job id, the fence's worker id, the fence's claim ordinal, and the
@@ -11,7 +12,8 @@
 -- Reply:   one value per ack, in order: 1 when settled; 0, changing nothing, when the row is not
 --          running under that fence.
 --
--- Acks apply in order, as if sent one by one: the attempt is counted and the live key freed.
+-- Acks apply in order, as if sent one by one: the attempt is counted and the live key freed. A row
+-- kept forever (done_ttl_ms 0) joins <base>fin:done; one with a TTL expires on its own.
 
 local base = ARGV[1]
 local ttl = tonumber(ARGV[2])
@@ -39,6 +41,8 @@ for i = 0, n - 1 do
     if ttl > 0 then
       redis.call('PEXPIRE', jk, ttl)
       redis.call('PEXPIRE', base .. 's:' .. row[8], ttl)
+    else
+      redis.call('ZADD', base .. 'fin:done', now_s, row[7])
     end
     reply[#reply + 1] = 1
   end
