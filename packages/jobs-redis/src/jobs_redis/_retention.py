@@ -1,9 +1,9 @@
 """Deleting settled rows on Redis (the ``retention`` capability): ``retention.lua``.
 
-The scripts that settle a row (``ack.lua`` for a ``done`` row kept forever, ``nack.lua``,
-``cancel.lua``) add its id to ``<base>fin:<state>``, scored by the settle time; a purge walks a
-state's set from its oldest end, one bounded script call per state, deleting each row and its
-run's steps. A ``done`` row with a ``done_ttl`` expires on its own and never joins the set.
+The scripts that settle a row (``ack.lua``, ``nack.lua``, ``cancel.lua``) add its id to
+``<base>fin:<state>``, scored by the settle time; a purge walks a state's set from its oldest
+end, one bounded script call per state, deleting each row and its run's steps. A ``done`` row
+with a ``done_ttl`` also expires on its own; ``ack.lua`` trims the members that outlived it.
 """
 
 from __future__ import annotations

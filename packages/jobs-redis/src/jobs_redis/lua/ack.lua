@@ -12,14 +12,17 @@
 -- Reply:   one value per ack, in order: 1 when settled; 0, changing nothing, when the row is not
 --          running under that fence.
 --
--- Acks apply in order, as if sent one by one: the attempt is counted and the live key freed. A row
--- kept forever (done_ttl_ms 0) joins <base>fin:done; one with a TTL expires on its own.
+-- Acks apply in order, as if sent one by one: the attempt is counted and the live key freed. Each
+-- done row joins <base>fin:done; with a TTL the members older than it (their rows expired) are
+-- trimmed once per call, so the set never outgrows the done rows still kept.
 
 local base = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
 local t = redis.call('TIME')
-local now_s = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_s = string.format('%.0f', now)
+local fin = base .. 'fin:done'
 local live = base .. 'live'
 local reply = {}
 
@@ -41,10 +44,12 @@ for i = 0, n - 1 do
     if ttl > 0 then
       redis.call('PEXPIRE', jk, ttl)
       redis.call('PEXPIRE', base .. 's:' .. row[8], ttl)
-    else
-      redis.call('ZADD', base .. 'fin:done', now_s, row[7])
     end
+    redis.call('ZADD', fin, now_s, row[7])
     reply[#reply + 1] = 1
   end
+end
+if ttl > 0 then
+  redis.call('ZREMRANGEBYSCORE', fin, '-inf', '(' .. string.format('%.0f', now - ttl * 1000))
 end
 return reply
