@@ -474,6 +474,7 @@ def _body(spec: _Spec) -> Callable[..., Any]:
         n: int,
         cursor: JSONValue,
         before: int,
+        total: int | None,
         ctx: BackfillContext,
         *,
         cancel: CancelSignal,
@@ -499,9 +500,10 @@ def _body(spec: _Spec) -> Callable[..., Any]:
                 "event": "jobs.backfill.page",
                 "backfill": spec.name,
                 "scope": ctx.scope,
-                "pass": str(pass_id),
+                "job_id": str(pass_id),
                 "page": n,
                 "rows": done,
+                "total": total,
                 "cursor": next_cursor,
             },
         )
@@ -534,7 +536,9 @@ def _body(spec: _Spec) -> Callable[..., Any]:
         n = 0
         while True:
             job_ctx.cancel.raise_if_cancelled()
-            out = await step.run(f"batch:{n}", page, ledger, pass_id, n, cursor, rows, ctx)
+            out = await step.run(
+                f"batch:{n}", page, ledger, pass_id, n, cursor, rows, total, ctx
+            )
             rows += out["rows"]
             cursor = out["cursor"]
             n += 1
