@@ -605,7 +605,8 @@ def backfill(
         pages: ``(cursor, cancel, input) -> (rows, next_cursor)`` (sync or async) for a remote
             cursor; ``cursor`` is ``None`` first, ``next_cursor`` ``None`` at the end. The
             cursor must be JSON (it is the checkpoint).
-        batch: rows per page of ``source`` (1..10,000; default 1,000).
+        batch: rows per page of ``source`` (1..10,000; default 1,000); with ``pages`` the page
+            size a dry run assumes (the function decides its pages).
         rate: pages per second, > 0 (default 5); it always throttles.
         input: the input type of one pass (with ``scope``).
         scope: ``(input) -> str``: one pass per scope (needs ``input``).
