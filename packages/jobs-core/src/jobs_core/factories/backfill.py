@@ -536,9 +536,7 @@ def _body(spec: _Spec) -> Callable[..., Any]:
         n = 0
         while True:
             job_ctx.cancel.raise_if_cancelled()
-            out = await step.run(
-                f"batch:{n}", page, ledger, pass_id, n, cursor, rows, total, ctx
-            )
+            out = await step.run(f"batch:{n}", page, ledger, pass_id, n, cursor, rows, total, ctx)
             rows += out["rows"]
             cursor = out["cursor"]
             n += 1
