@@ -16,8 +16,10 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from jobs_core._current import current_driver
 from jobs_core._threads import run_in_thread
-from jobs_core.job import JobHandle
+from jobs_core.job import JobHandle, JobRegistry, job
+from jobs_core.retry import Retry
 
 H = TypeVar("H", bound=JobHandle[Any, Any])
 
@@ -33,6 +35,41 @@ def adopt(cls: type[H], handle: JobHandle[Any, Any]) -> H:
     # The same declaration site: the registry replaces the plain handle with this one.
     handle.registry.register(made)
     return made
+
+
+def declare_singleton(
+    cls: type[H],
+    body: Callable[..., Any],
+    *,
+    name: str,
+    input: Any,
+    key: str,
+    site: tuple[str, int],
+    queue: str,
+    retry: Retry | None,
+    registry: JobRegistry | None,
+) -> H:
+    """Declare a job of no tenant with one live run at a time (the constant key ``key``).
+
+    What a sweep, a rollup or a view refresh is: a second enqueue while a pass runs answers it.
+    Answers the declared handle as ``cls`` (:func:`adopt`).
+    """
+    declared = job(
+        input=input,
+        idempotency_key=lambda _run: key,
+        tenant="none",
+        retry=retry,
+        name=name,
+        queue=queue,
+        registry=registry,
+        declared_at=site,
+    )(body)
+    return adopt(cls, declared)
+
+
+async def store_now() -> str:
+    """Answer the running driver's store clock, ISO 8601 (a step's output: one reading a pass)."""
+    return (await current_driver().steps.now()).isoformat()
 
 
 async def call(fn: Callable[..., Any], *args: Any) -> Any:

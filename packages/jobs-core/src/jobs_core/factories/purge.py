@@ -29,8 +29,8 @@ from jobs_core._durations import Duration, duration_problem, parse_duration
 from jobs_core.context import JobContext
 from jobs_core.driver import EventBus, JobDriver, RetentionStore, capability, require_capability
 from jobs_core.errors import JobDeclarationInvalidError
-from jobs_core.factories._shared import adopt, arity, call
-from jobs_core.job import JobHandle, JobRegistry, declaration_site, job
+from jobs_core.factories._shared import arity, call, declare_singleton, store_now
+from jobs_core.job import JobHandle, JobRegistry, declaration_site
 from jobs_core.retry import Retry
 from jobs_core.steps import Step
 from jobs_core.types import JobState, RetentionRequest
@@ -179,9 +179,6 @@ def purge(
             problems=problems,
         )
 
-    async def read_now() -> str:
-        return (await current_driver().steps.now()).isoformat()
-
     async def run(_run: PurgeRun, step: Step, ctx: JobContext) -> dict[str, Any]:
         found = list(targets() if callable(targets) else targets)
         refused = _target_problems(found)
@@ -192,24 +189,24 @@ def purge(
                 job=name,
                 problems=refused,
             )
-        now = datetime.fromisoformat(await step.run("now", read_now))
+        now = datetime.fromisoformat(await step.run("now", store_now))
         removed = {}
         for target in found:
             ctx.cancel.raise_if_cancelled()
             removed[target.name] = await step.run(f"target:{target.name}", _purge_one, target, now)
         return {"at": now.isoformat(), "removed": removed}
 
-    declared = job(
-        input=PurgeRun,
-        idempotency_key=lambda _run: name,
-        tenant="none",
-        retry=retry,
+    made = declare_singleton(
+        PurgeJob,
+        run,
         name=name,
+        input=PurgeRun,
+        key=name,
+        site=site,
         queue=queue,
+        retry=retry,
         registry=registry,
-        declared_at=site,
-    )(run)
-    made = adopt(PurgeJob, declared)
+    )
     made.targets = targets
     return made
 

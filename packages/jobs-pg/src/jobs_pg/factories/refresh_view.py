@@ -14,9 +14,9 @@ from typing import Any, Literal
 from psycopg import sql
 from pydantic import BaseModel, ConfigDict
 
-from jobs_core import JobContext, JobHandle, JobRegistry, Retry, Step, job
+from jobs_core import JobContext, JobHandle, JobRegistry, Retry, Step
 from jobs_core.errors import RefreshViewInvalidError
-from jobs_core.factories._shared import adopt
+from jobs_core.factories._shared import declare_singleton
 from jobs_core.factories.keyset import Connect, connect_problem, open_connection
 from jobs_core.job import declaration_site
 from jobs_pg._sql import blocks
@@ -137,17 +137,17 @@ def refresh_view(
         await step.run("refresh", refresh)
         return {"view": view, "concurrently": concurrently}
 
-    declared = job(
-        input=RefreshRun,
-        idempotency_key=lambda _run: f"refresh_view:{name}",
-        tenant="none",
-        retry=retry,
+    made = declare_singleton(
+        RefreshViewJob,
+        run,
         name=name,
+        input=RefreshRun,
+        key=f"refresh_view:{name}",
+        site=site,
         queue=queue,
+        retry=retry,
         registry=registry,
-        declared_at=site,
-    )(run)
-    made = adopt(RefreshViewJob, declared)
+    )
     made.view = view
     made.concurrently = concurrently
     made.checked = False

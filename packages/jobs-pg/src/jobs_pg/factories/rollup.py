@@ -29,10 +29,10 @@ import psycopg
 from psycopg import sql
 from pydantic import BaseModel, ConfigDict
 
-from jobs_core import JobContext, JobHandle, JobRegistry, Retry, Step, current_driver, job
+from jobs_core import JobContext, JobHandle, JobRegistry, Retry, Step
 from jobs_core._durations import Duration, duration_problem, parse_duration
 from jobs_core.errors import RollupInvalidError
-from jobs_core.factories._shared import adopt
+from jobs_core.factories._shared import declare_singleton, store_now
 from jobs_core.factories.keyset import Connect, connect_problem, open_connection
 from jobs_core.job import declaration_site
 from jobs_pg._sql import blocks
@@ -250,11 +250,8 @@ def rollup(
                 await conn.commit()
             return int(cur.rowcount)
 
-    async def read_now() -> str:
-        return (await current_driver().steps.now()).isoformat()
-
     async def run(run: RollupRun, step: Step, ctx: JobContext) -> dict[str, Any]:
-        now = run.at or datetime.fromisoformat(await step.run("now", read_now))
+        now = run.at or datetime.fromisoformat(await step.run("now", store_now))
         spans = chosen.span(now - timedelta(milliseconds=lookback_ms), now)
         rows = 0
         for start, end in spans:
@@ -269,17 +266,17 @@ def rollup(
             "to": spans[-1][1].isoformat(),
         }
 
-    declared = job(
-        input=RollupRun,
-        idempotency_key=lambda _run: f"rollup:{name}",
-        tenant="none",
-        retry=retry,
+    made = declare_singleton(
+        RollupJob,
+        run,
         name=name,
+        input=RollupRun,
+        key=f"rollup:{name}",
+        site=site,
         queue=queue,
+        retry=retry,
         registry=registry,
-        declared_at=site,
-    )(run)
-    made = adopt(RollupJob, declared)
+    )
     made.into = into
     made.key = keys
     made.bucket = chosen
