@@ -109,3 +109,18 @@ def test_write_refused_exits_2_with_the_code_and_its_fix(declared: dict[str, Bac
     assert done.exit_code == 2
     assert "X_BACKFILL_MIGRATION_PENDING" in done.output and "fix:" in done.output
     assert invoke(mem, "backfill").exit_code == 2, "a NAME, --all or --pending is needed"
+
+
+def test_the_manifest_lists_the_core_factories() -> None:
+    done = CliRunner().invoke(create_app(plugins=False), ["manifest", "--json"])
+    assert done.exit_code == 0, done.output
+    factories = {
+        (e["name"], e["value"], e["distribution"])
+        for e in json.loads(done.output)
+        if e["kind"] == "factory"
+    }
+    assert {
+        ("backfill", "jobs_core:backfill", "jobs-core"),
+        ("purge", "jobs_core:purge", "jobs-core"),
+        ("consumer", "jobs_core:consumer", "jobs-core"),
+    } <= factories

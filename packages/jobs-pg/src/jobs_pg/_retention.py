@@ -28,9 +28,8 @@ class PgRetentionStore:
     async def purge_settled(self, req: RetentionRequest) -> int:
         """Delete up to ``req.limit`` rows in ``req.states`` settled before ``req.before``.
 
-        A row's steps are deleted in the same statement (unless another kept row carries its
-        run id). A row being written by someone else right now is skipped (``SKIP LOCKED``) and
-        met by the next call.
+        A row's steps are deleted in the same statement (a run id belongs to one row). A row being
+        written by someone else right now is skipped (``SKIP LOCKED``) and met by the next call.
 
         Returns:
             How many rows were deleted.

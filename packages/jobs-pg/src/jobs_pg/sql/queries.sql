@@ -1008,13 +1008,8 @@ gone AS (
     DELETE FROM {schema}.jobs j USING doomed d WHERE j.id = d.id RETURNING j.run_id
 ),
 steps AS (
-    -- A run id another (kept) row still carries keeps its steps.
-    DELETE FROM {schema}.job_steps s USING gone g
-    WHERE s.run_id = g.run_id
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}.jobs o
-          WHERE o.run_id = g.run_id AND NOT EXISTS (SELECT 1 FROM doomed d WHERE d.id = o.id)
-      )
+    -- A run id belongs to one row (jobs_run is unique, migration 0005): its steps go with it.
+    DELETE FROM {schema}.job_steps s USING gone g WHERE s.run_id = g.run_id
 )
 SELECT count(*) FROM gone
 
