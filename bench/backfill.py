@@ -218,7 +218,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="20,000 rows: a smoke run")
     parser.add_argument("--rows", type=int, default=None, help="rows in the killed pass")
-    parser.add_argument("--rate", type=float, default=20.0, help="pages/s of the killed pass")
+    parser.add_argument("--rate", type=float, default=50.0, help="pages/s of the killed pass")
     parser.add_argument("--kill-at", type=float, default=0.4, help="share done at the SIGKILL")
     parser.add_argument("--no-throttle", action="store_true", help="skip the rate=2 figure")
     parser.add_argument("--json", dest="json_out", help="write the results here")
@@ -226,7 +226,7 @@ def main(argv: list[str]) -> int:
     rows = args.rows or (20_000 if args.quick else 1_000_000)
     results: dict[str, Any] = {}
     try:
-        results["killed"] = killed_pass(rows, args.rate if not args.quick else 50.0, args.kill_at)
+        results["killed"] = killed_pass(rows, args.rate, args.kill_at)
         if not args.no_throttle:
             results["throttle"] = throttle()
     finally:
