@@ -10,6 +10,7 @@ Examples:
     python -m bench --import-export              # jobs-import-export: RSS and throughput
     python -m bench --import-export --instructions  # ... and instructions per row (valgrind)
     python -m bench --dashboard                  # the dashboard's jobs list over 1M pg rows
+    python -m bench --backfill --quick           # a killed pass, the throttle (bench/backfill.py)
 """
 
 from __future__ import annotations
@@ -89,6 +90,10 @@ def main(argv: list[str]) -> int:
         from bench.webhooks import main as webhooks_main
 
         return webhooks_main([a for a in argv if a != "--webhooks"])
+    if "--backfill" in argv:
+        from bench.backfill import main as backfill_main
+
+        return backfill_main([a for a in argv if a != "--backfill"])
     args = _parse(argv)
     if args.profile:
         from bench.profile import main as profile_main

@@ -100,6 +100,10 @@ def test_demo_runs_the_whole_story_and_exits_0_quickly() -> None:
         "→ dead-lettered",
         "X_SHOP_UNDELIVERABLE",
         "once: 'started' was stored first",
+        # The backfill's progress bar, page by page, and the skipped second pass.
+        "batch:0 ██",
+        "████████████████████ 40/40 rows",
+        "→ skipped: the ledger holds the completed pass",
         # The ledger and the verdict.
         "refund",
         "payout",

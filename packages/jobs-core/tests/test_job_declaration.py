@@ -19,6 +19,7 @@ from jobs_core.errors import (
     JobDuplicateError,
     TenantRequiredError,
 )
+from jobs_core.job import declaration_site
 
 
 class Onboard(BaseModel):
@@ -243,6 +244,40 @@ def test_a_default_name_clash_between_two_functions_is_refused(registry: JobRegi
     other.__qualname__ = a.__qualname__
     with pytest.raises(JobDuplicateError):
         job(**GOOD, registry=registry)(other)
+
+
+def _factory(name: str, registry: JobRegistry) -> Any:
+    """A toy factory over job(): every job it makes has the body below."""
+    site = declaration_site()
+
+    async def made(input: Onboard, step: Any, ctx: Any) -> None:
+        return None
+
+    return job(**GOOD, name=name, registry=registry, declared_at=site)(made)
+
+
+def test_two_factory_jobs_of_one_name_are_a_duplicate_and_a_reload_is_not(
+    registry: JobRegistry,
+) -> None:
+    """Every job a factory makes shares one body; the factory's call site tells them apart."""
+
+    def declare() -> Any:
+        return _factory("decl.factory", registry)
+
+    first = declare()
+    again = declare()  # the same call site again: a reload, which replaces
+    assert registry.get("decl.factory") is again is not first
+    with pytest.raises(JobDuplicateError) as caught:
+        _factory("decl.factory", registry)
+    assert caught.value.code == "X_JOB_DUPLICATE"
+    assert str(caught.value).count("test_job_declaration.py:") == 2
+    assert registry.get("decl.factory") is again
+
+
+def test_declared_at_must_be_a_file_and_a_line(registry: JobRegistry) -> None:
+    with pytest.raises(JobDeclarationInvalidError) as caught:
+        job(**GOOD, name="decl.site", registry=registry, declared_at="here:1")(body)  # type: ignore[arg-type]
+    assert _problem_fields(caught.value) == ["declared_at"]
 
 
 def test_redeclaring_the_identical_function_is_allowed(registry: JobRegistry) -> None:

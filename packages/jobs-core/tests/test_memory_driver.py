@@ -17,6 +17,7 @@ from jobs_conformance.target import claim
 from jobs_conformance.target import request as conformance_request
 from jobs_core.driver import (
     CAPABILITIES,
+    BackfillLedger,
     CounterStore,
     EventBus,
     EventQuery,
@@ -26,6 +27,7 @@ from jobs_core.driver import (
     LeaseStore,
     OutboxStore,
     PublishRequest,
+    RetentionStore,
     StepResolution,
     StepStore,
     WakeSource,
@@ -128,9 +130,14 @@ async def test_protocols_capabilities_and_describe(mem: MemoryDriver) -> None:
         "scheduler_state",
         "leader",
         "outbox",
+        "backfills",
+        "retention",
     }
     assert isinstance(mem.outbox, OutboxStore)
+    assert isinstance(mem.backfills, BackfillLedger)
+    assert isinstance(mem.retention, RetentionStore)
     assert mem.capabilities == carried
+    assert set(CAPABILITIES) == carried, "the memory driver carries every capability"
     described = mem.describe()
     assert described == {
         "name": "memory",

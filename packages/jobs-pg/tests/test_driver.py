@@ -15,6 +15,7 @@ import pytest
 
 from jobs_core.driver import (
     CAPABILITIES,
+    BackfillLedger,
     EventBus,
     EventQuery,
     Introspector,
@@ -24,6 +25,7 @@ from jobs_core.driver import (
     LeaseStore,
     OutboxStore,
     PublishRequest,
+    RetentionStore,
     SchedulerState,
     StepStore,
     WakeSource,
@@ -124,12 +126,14 @@ async def test_protocols_capabilities_and_describe(driver: PostgresDriver) -> No
         (driver.scheduler_state, SchedulerState),
         (driver.leader, LeaderLease),
         (driver.workers, WorkerRegistry),
+        (driver.backfills, BackfillLedger),
+        (driver.retention, RetentionStore),
     ):
         assert isinstance(store, protocol), protocol
     described = driver.describe()
     assert described["name"] == "postgresql"
-    assert described["not_applicable"] == ["backfills"]
-    assert set(described["capabilities"]) | {"backfills"} == set(CAPABILITIES)
+    assert described["not_applicable"] == []
+    assert set(described["capabilities"]) == set(CAPABILITIES)
 
 
 async def test_an_unreachable_server_is_unavailable_fast(migrated: str) -> None:

@@ -26,8 +26,9 @@ PACKAGE = Path(__file__).parents[1] / "src" / "jobs_pg"
 DECLARED_TABLES = {
     "backfills": (
         "id uuid!, name text!, checksum text!, status text!, app_version text, rows int8!,"
-        "last_cursor jsonb, started_at timestamptz!, completed_at timestamptz"
+        "last_cursor jsonb, started_at timestamptz!, completed_at timestamptz, scope text!"
     ),
+    "consumer_cursors": ("consumer text!, key text!, cursor jsonb!, updated_at timestamptz!"),
     "counters": (
         "name text!, tier text!, bucket timestamptz!, shard int2!, done int8!, retried int8!,"
         "failed int8!, dead int8!, duration_ms float8!"
@@ -92,7 +93,7 @@ DECLARED_INDEXES = {
     "outbox_unpublished": "(staged_at, id) WHERE (published_at IS NULL)",
     "outbox_held": "(claim_expires_at) WHERE ((published_at IS NULL) AND "
     "(claim_expires_at IS NOT NULL))",
-    "backfills_name": "(name, started_at)",
+    "backfills_pass": "(name, scope, started_at)",
 }
 
 

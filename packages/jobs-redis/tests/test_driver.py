@@ -21,6 +21,7 @@ from jobs_core.driver import (
     LeaseStore,
     PublishRequest,
     ResettableEventBus,
+    RetentionStore,
     StepResolution,
     StepStore,
     WakeSource,
@@ -70,9 +71,10 @@ async def test_protocols_capabilities_and_describe(driver: RedisDriver) -> None:
     assert isinstance(driver.events, EventBus)
     assert isinstance(driver.events, ResettableEventBus)
     assert isinstance(driver.wake, WakeSource)
-    assert driver.capabilities == {"leases", "events", "wake"}
+    assert isinstance(driver.retention, RetentionStore)
+    assert driver.capabilities == {"leases", "events", "wake", "retention"}
     described = driver.describe()
-    assert described["capabilities"] == ["events", "leases", "wake"]
+    assert described["capabilities"] == ["events", "leases", "retention", "wake"]
     assert described["not_applicable"] == sorted(set(CAPABILITIES) - driver.capabilities)
     assert set(described["not_carried"]) == set(described["not_applicable"])
     assert described["operator"] == [

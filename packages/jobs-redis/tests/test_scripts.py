@@ -9,7 +9,14 @@ import redis.asyncio as aioredis
 
 from conftest import Throwaway
 from jobs_core.driver import EventQuery, LeaseRequest, PublishRequest, StepResolution
-from jobs_core.types import NackOptions, Settle, StepRecord, StepWrite
+from jobs_core.types import (
+    JobState,
+    NackOptions,
+    RetentionRequest,
+    Settle,
+    StepRecord,
+    StepWrite,
+)
 from jobs_redis import RedisDriver
 from jobs_redis._scripts import SCRIPTS
 from redis_helpers import claim, request
@@ -69,6 +76,9 @@ async def test_every_script_is_called_by_the_driver(throwaway: Throwaway) -> Non
     await driver.leases.renew(lease)
     await driver.leases.holders("k")
     await driver.leases.release("k", "h")
+    await driver.retention.purge_settled(
+        RetentionRequest(frozenset({JobState.CANCELLED}), datetime.now(UTC), 10)
+    )
     names = sorted(SCRIPTS)
     loaded = await client.script_exists(*(SCRIPTS[n].sha for n in names))
     await client.aclose()

@@ -8,11 +8,13 @@ import json
 import time
 from typing import Any
 
+import pytest
 from standardwebhooks import Webhook
 
 from conftest import new_secret
 from jobs_core import JobRegistry, JobState, Retry, Worker
 from jobs_core.drivers.memory import MemoryDriver
+from jobs_core.errors import JobDuplicateError
 from jobs_core.introspect import cancel
 from jobs_core.testing import ManualClock, run_jobs, use_driver
 from jobs_webhooks import Endpoint, WebhookEvent, webhook
@@ -402,3 +404,26 @@ async def test_a_failing_lookup_is_retried_on_the_jittered_backoff(
     assert row.state == JobState.DEAD and row.last_error_code == "X_WEBHOOK_DELIVERY_FAILED"
     assert "ConnectionError" in (row.last_error or "")
     assert 0.18 <= calls[1] - calls[0] <= 1.5  # equal jitter of 400 ms: 200-400 ms, plus polls
+
+
+def test_two_webhooks_of_one_name_are_a_duplicate(
+    world: World, registry: JobRegistry, name: str
+) -> None:
+    """The core tells the two declarations apart by the factory's call site (job(declared_at=)):
+    one body serves every webhook, so the body's location alone would let the second replace
+    the first silently."""
+    options: dict[str, Any] = {
+        "name": name,
+        "input": Delivery,
+        "endpoint": world.endpoint,
+        "event": lambda i: world.events.get(i.event_id),
+        "ledger": world.ledger,
+        "tenant": "none",
+        "registry": registry,
+    }
+    first = webhook(**options)
+    with pytest.raises(JobDuplicateError) as caught:
+        webhook(**options)
+    assert caught.value.code == "X_JOB_DUPLICATE"
+    assert "test_outbound.py" in str(caught.value)
+    assert registry.get(name) is first.job

@@ -852,9 +852,11 @@ def create_app(*, plugins: bool = True, driver: JobDriver | None = None) -> type
     app.command("scheduler")(scheduler)
     app.command("relay")(relay)
     # Imported here: the operator module builds on this one's helpers.
+    from jobs_core._cli_backfill import add_backfill_commands
     from jobs_core._cli_operator import add_operator_commands
 
     add_operator_commands(app, driver=driver)
+    add_backfill_commands(app, driver=driver)
     if plugins:
         load_plugins(app)
     return app

@@ -34,6 +34,12 @@ from jobs_core.errors import (
 )
 from jobs_core.serialization import text_problem
 from jobs_core.types import (
+    LIVE_STATES,
+    BackfillPass,
+    BackfillProgress,
+    BackfillQuery,
+    BackfillStart,
+    BackfillStatus,
     BulkResult,
     ClaimedJob,
     ClaimRequest,
@@ -49,6 +55,7 @@ from jobs_core.types import (
     OutboxClaim,
     OutboxRow,
     QueueStats,
+    RetentionRequest,
     Settle,
     StepRecord,
     StepWrite,
@@ -69,6 +76,7 @@ CAPABILITIES: tuple[str, ...] = (
     "leader",
     "workers",
     "counters",
+    "retention",
 )
 """Every optional capability a driver may declare, by attribute name."""
 
@@ -724,6 +732,123 @@ async def demand_when_busy(driver: JobDriver, stats: Sequence[QueueStats]) -> di
     if not any(queue.ready or queue.running or queue.suspended for queue in stats):
         return {}
     return await driver.demand()
+
+
+@runtime_checkable
+class BackfillLedger(Protocol):
+    """The backfill ledger (the ``backfills`` capability): one row per pass of a backfill.
+
+    A pass's id is the id of the job running it, so every attempt of that job (a replay after a
+    crash, an operator's requeue) finds its own row. A ``completed`` row is final; a completed
+    pass of ``(name, scope)`` is what makes a re-enqueue of the backfill a no-op pass.
+    """
+
+    async def begin(self, start: BackfillStart) -> BackfillPass:
+        """Open a ``running`` pass, or answer the row that already has ``start.id`` unchanged.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty name or
+                checksum.
+        """
+        ...
+
+    async def record(self, progress: BackfillProgress) -> bool:
+        """Store a pass's rows and cursor; a ``failed`` pass becomes ``running`` again.
+
+        Answers ``False``, changing nothing, for an unknown id or a ``completed`` pass.
+        """
+        ...
+
+    async def settle(self, pass_id: UUID, status: BackfillStatus) -> bool:
+        """End a pass ``completed`` (stamping ``completed_at``) or mark it ``failed``.
+
+        Answers ``False``, changing nothing, for an unknown id or a ``completed`` pass.
+        """
+        ...
+
+    async def completed(self, name: str, scope: str) -> BackfillPass | None:
+        """Answer the newest ``completed`` pass of ``(name, scope)``, or ``None``."""
+        ...
+
+    async def passes(self, query: BackfillQuery) -> list[BackfillPass]:
+        """Answer passes matching ``query``, newest ``started_at`` first.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a limit outside
+                1..1,000.
+        """
+        ...
+
+
+@runtime_checkable
+class RetentionStore(Protocol):
+    """Deleting settled rows (the ``retention`` capability): what a retention sweep calls.
+
+    One method, so a driver that keeps settled rows elsewhere (another table, an archive)
+    reimplements just this.
+    """
+
+    async def purge_settled(self, req: RetentionRequest) -> int:
+        """Delete up to ``req.limit`` rows in ``req.states`` settled before ``req.before``.
+
+        A deleted row's steps go with it, in the same write. Live rows are never touched.
+
+        Returns:
+            How many rows were deleted (fewer than ``req.limit`` means none is left).
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a live or empty
+                ``states``, a naive ``before`` or a limit outside 1..10,000.
+        """
+        ...
+
+
+def check_backfill_start(start: BackfillStart) -> None:
+    """Refuse a pass no ledger may open: every ledger calls this first.
+
+    Raises:
+        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty name or checksum,
+            or text holding U+0000 (which no driver stores).
+    """
+    texts = (start.name, start.scope, start.checksum, start.app_version or "")
+    if not start.name or not start.checksum or any("\x00" in text for text in texts):
+        raise DriverRequestInvalidError(
+            "a backfill pass needs a non-empty name and checksum, without U+0000", name=start.name
+        )
+
+
+def check_backfill_query(query: BackfillQuery) -> None:
+    """Refuse a ledger query with a limit outside 1..1,000.
+
+    Raises:
+        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID``.
+    """
+    limit = query.limit
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1_000:
+        raise DriverRequestInvalidError(f"a ledger query answers 1..1,000 passes, not {limit!r}")
+
+
+def check_retention_request(req: RetentionRequest) -> None:
+    """Refuse a retention request no driver may run: every driver calls this first.
+
+    Raises:
+        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty ``states`` or one
+            naming a live state, a naive ``before`` or a ``limit`` outside 1..10,000.
+    """
+    live = sorted(str(s) for s in req.states if s in LIVE_STATES)
+    if not req.states or live:
+        raise DriverRequestInvalidError(
+            "a retention purge deletes finished rows only (done, failed, dead, cancelled)"
+            + (f", not {', '.join(live)}" if live else ""),
+            states=sorted(str(s) for s in req.states),
+        )
+    if not isinstance(req.before, datetime) or req.before.tzinfo is None:
+        raise DriverRequestInvalidError("a retention purge needs an aware before= instant")
+    limit = req.limit
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+        raise DriverRequestInvalidError(
+            f"a retention purge deletes 1..10,000 rows per call, not {limit!r}"
+        )
 
 
 def capability(driver: JobDriver, name: str) -> Any | None:

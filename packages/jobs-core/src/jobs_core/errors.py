@@ -436,6 +436,63 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "Upload the object before enqueueing its import, or correct key(input); then jobsctl retry ID.",
         "terminal",
     ),
+    # Factories over job() (jobs_core.factories, jobs_pg.factories).
+    ErrorCode(
+        "X_BACKFILL_SOURCE_INVALID",
+        "BackfillSourceInvalidError",
+        "A backfill declares no source, or both source= and pages=, or a page that is not (rows, next).",
+        "Pass exactly one of source=lambda ctx: keyset(...) or pages=(cursor, cancel, input) -> (rows, next).",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_BACKFILL_STALLED",
+        "BackfillStalledError",
+        "A backfill's count() still answered rows to do after its last page: the pass did not reach them.",
+        "Make handle() change every row it is given so the source stops matching it, then enqueue the backfill again.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_BACKFILL_ENVIRONMENT",
+        "BackfillEnvironmentError",
+        "A backfill declared environments= and this process's JOBS_ENV is not one of them.",
+        "Run it where JOBS_ENV names a declared environment, or add this one to environments=.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_BACKFILL_MIGRATION_PENDING",
+        "BackfillMigrationPendingError",
+        "A backfill requires= a schema migration that migrations() does not list as applied.",
+        "Apply the migration first (the deploy's migrate step), then enqueue the backfill.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_CONSUMER_INVALID",
+        "ConsumerInvalidError",
+        "A consumer declaration has missing or bad fields: no cursor store, a timeout, a bad batch or rearm.",
+        "Pass cursor= (a ConsumerCursor), no timeout=, batch an int 1..10,000 and rearm a duration such as '1m' that divides an hour or a day.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_CONSUMER_SELF_ENQUEUE",
+        "ConsumerSelfEnqueueError",
+        "A consumer's run enqueued its own consumer: the enqueue would dedupe onto the running row and arm nothing.",
+        "Return the next cursor from handle() and let the supervisor re-arm the keys; never enqueue the consumer from inside it.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_ROLLUP_INVALID",
+        "RollupInvalidError",
+        "A rollup declaration is wrong: a bad field, or its into= table lacks a unique index on exactly its key columns.",
+        "Correct the field named, or CREATE UNIQUE INDEX ON <into> (<key columns>) (no WHERE, no expressions).",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_JOB_REFRESH_VIEW_INVALID",
+        "RefreshViewInvalidError",
+        "A refresh_view names no materialized view, or asks for concurrently=True on one with no plain unique index.",
+        "Create the materialized view (and for concurrently=True a unique index on its columns, no WHERE, no expressions).",
+        "terminal",
+    ),
 )
 
 _BY_CODE: dict[str, ErrorCode] = {entry.code: entry for entry in ERROR_CODES}
@@ -811,6 +868,54 @@ class StorageNotFoundError(JobsError):
     """The object to import does not exist in the source."""
 
     code = "X_STORAGE_NOT_FOUND"
+
+
+class BackfillSourceInvalidError(JobsError):
+    """A backfill declares no source, both source= and pages=, or a page not (rows, next)."""
+
+    code = "X_BACKFILL_SOURCE_INVALID"
+
+
+class BackfillStalledError(JobsError):
+    """A backfill's count() still answered rows to do after its last page."""
+
+    code = "X_BACKFILL_STALLED"
+
+
+class BackfillEnvironmentError(JobsError):
+    """A backfill declared environments= and JOBS_ENV is not one of them."""
+
+    code = "X_BACKFILL_ENVIRONMENT"
+
+
+class BackfillMigrationPendingError(JobsError):
+    """A backfill requires= a migration that is not applied."""
+
+    code = "X_BACKFILL_MIGRATION_PENDING"
+
+
+class ConsumerInvalidError(JobsError):
+    """A consumer declaration has missing or bad fields."""
+
+    code = "X_CONSUMER_INVALID"
+
+
+class ConsumerSelfEnqueueError(JobsError):
+    """A consumer's run enqueued its own consumer."""
+
+    code = "X_CONSUMER_SELF_ENQUEUE"
+
+
+class RollupInvalidError(JobsError):
+    """A rollup declaration is wrong, or its into= table lacks the unique index on its key."""
+
+    code = "X_JOB_ROLLUP_INVALID"
+
+
+class RefreshViewInvalidError(JobsError):
+    """A refresh_view names no materialized view, or concurrently=True lacks a unique index."""
+
+    code = "X_JOB_REFRESH_VIEW_INVALID"
 
 
 ERROR_CLASSES: dict[str, type[JobsError]] = {cls.code: cls for cls in JobsError.__subclasses__()}

@@ -12,6 +12,7 @@ test's wait), and :func:`events_purge_target` hands the bus to a retention sweep
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from jobs_core._current import current_driver
 from jobs_core._durations import Duration, parse_duration
@@ -105,7 +106,7 @@ async def reset_event_bus(bus: EventBus | None = None) -> int:
 
 @dataclass(frozen=True, slots=True)
 class EventsPurgeTarget:
-    """An event bus as a retention-sweep target: :meth:`purge` deletes its expired events.
+    """An event bus as a retention-sweep target (a ``purge()`` target): expired events go.
 
     Attributes:
         bus: the bus swept.
@@ -115,8 +116,12 @@ class EventsPurgeTarget:
     bus: EventBus
     name: str = "events"
 
-    async def purge(self) -> int:
-        """Await the bus's ``purge_expired()``; answer how many events it deleted."""
+    async def purge(self, now: datetime | None = None) -> int:
+        """Await the bus's ``purge_expired()``; answer how many events it deleted.
+
+        Args:
+            now: a purge pass's clock reading, ignored: expiry is decided on the bus's own clock.
+        """
         return await self.bus.purge_expired()
 
 

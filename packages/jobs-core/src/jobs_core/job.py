@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -93,17 +94,18 @@ class JobRegistry:
     def register(self, handle: JobHandle[Any, Any]) -> None:
         """Add ``handle``.
 
-        Re-declaring the same function (same module, qualified name, file and line, as a module
-        reload does) replaces the old handle.
+        Re-declaring from the same place replaces the old handle, as a module reload does: the
+        same function (module, qualified name, file and line), or for a job a factory declared,
+        the same call site of the factory (:func:`declaration_site`).
 
         Raises:
             JobDuplicateError: ``X_JOB_DUPLICATE`` when another declaration holds the name.
         """
         existing = self._jobs.get(handle.name)
-        if existing is not None and _origin(existing.body) != _origin(handle.body):
+        if existing is not None and existing.origin != handle.origin:
             raise JobDuplicateError(
-                f"two jobs are named {handle.name!r}: {_origin(existing.body)[0]} and "
-                f"{_origin(handle.body)[0]}; give one of them another name=",
+                f"two jobs are named {handle.name!r}: {existing.origin[0]} and "
+                f"{handle.origin[0]}; give one of them another name=",
                 name=handle.name,
             )
         self._jobs[handle.name] = handle
@@ -131,6 +133,22 @@ def _origin(fn: Callable[..., Any]) -> tuple[str, str, int]:
     return (where, code.co_filename if code else "", code.co_firstlineno if code else 0)
 
 
+def declaration_site(skip: int = 0) -> tuple[str, int]:
+    """Answer ``(file, line)`` of the code that called the function calling this one.
+
+    A factory over :func:`job` declares every job it makes with one body of its own, so the
+    body's source location cannot tell a module reload (the same declaration made again, which
+    replaces the old handle) from a second job of the same name (``X_JOB_DUPLICATE``). The
+    factory calls this first thing and passes the answer as ``job(declared_at=...)``: the site
+    that counts is where the app called the factory.
+
+    Args:
+        skip: further frames to skip, for a factory that calls this from a helper of its own.
+    """
+    frame = sys._getframe(2 + skip)
+    return (frame.f_code.co_filename, frame.f_lineno)
+
+
 class JobHandle(Generic[I, R]):
     """A declared job: call it like its body, enqueue it, describe it.
 
@@ -155,9 +173,16 @@ class JobHandle(Generic[I, R]):
         on_settled: Callable[[Settled], Any] | None,
         on_settled_timeout_ms: int,
         registry: JobRegistry,
+        declared_at: tuple[str, int] | None = None,
     ) -> None:
         """Hold a validated declaration (use :func:`job`, which validates)."""
         self.body = body
+        # Where the declaration was made: the registry tells a reload from a duplicate by it.
+        self.origin = (
+            _origin(body)
+            if declared_at is None
+            else (f"{declared_at[0]}:{declared_at[1]}", declared_at[0], declared_at[1])
+        )
         self.name = name
         self.queue = queue
         self.input_type = input_type
@@ -697,6 +722,7 @@ def job(
     on_settled: Callable[[Settled], Any] | None = None,
     on_settled_timeout: Duration = ON_SETTLED_TIMEOUT_MS,
     registry: JobRegistry | None = None,
+    declared_at: tuple[str, int] | None = None,
 ) -> Callable[[Callable[..., Any]], JobHandle[Any, Any]]:
     """Declare a job; decorate ``async def body(input, step, ctx)`` (or a plain ``def``).
 
@@ -717,6 +743,9 @@ def job(
         on_settled_timeout: ceiling across the hook's tries (default ``ON_SETTLED_TIMEOUT_MS``,
             30 s).
         registry: the registry to join (default :data:`REGISTRY`).
+        declared_at: ``(file, line)`` of the declaration, for a factory over ``job()`` whose jobs
+            share one body: :func:`declaration_site` of the factory's caller. Default: the
+            body's own location.
 
     Returns:
         A decorator answering the :class:`JobHandle`.
@@ -785,6 +814,13 @@ def job(
             problems.append(f"compensates: must be True or False, got {compensates!r}")
         if on_settled is not None and not callable(on_settled):
             problems.append("on_settled: must be a function (settled) -> None")
+        if declared_at is not None and not (
+            isinstance(declared_at, tuple)
+            and len(declared_at) == 2
+            and isinstance(declared_at[0], str)
+            and isinstance(declared_at[1], int)
+        ):
+            problems.append("declared_at: must be (file, line), e.g. declaration_site()")
         body_problem = _body_problem(body)
         if body_problem is not None:
             problems.append(body_problem)
@@ -819,6 +855,7 @@ def job(
             on_settled=on_settled,
             on_settled_timeout_ms=settled_timeout_ms or ON_SETTLED_TIMEOUT_MS,
             registry=registry if isinstance(registry, JobRegistry) else REGISTRY,
+            declared_at=declared_at,
         )
         handle.registry.register(handle)
         return handle
@@ -836,5 +873,6 @@ __all__ = [
     "JobHandle",
     "JobRegistry",
     "Settled",
+    "declaration_site",
     "job",
 ]

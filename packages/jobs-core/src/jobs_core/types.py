@@ -427,6 +427,107 @@ class JobPage:
     prev: str | None
 
 
+BackfillStatus = Literal["running", "completed", "failed"]
+"""Where a backfill pass stands: ``running`` (begun, not finished), ``completed`` (every page
+handled; final) or ``failed`` (the pass's job dead-lettered or was dropped; a requeue of that job
+resumes it and sets it ``running`` again)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillPass:
+    """One row of the backfill ledger: one pass of one backfill over one scope.
+
+    Attributes:
+        id: the pass's id (the id of the job that runs it).
+        name: the backfill's name.
+        scope: the scope (``""`` for a backfill without ``scope``).
+        checksum: a digest of the declaration the pass ran under (name, source, batch, handler).
+        status: ``running``, ``completed`` or ``failed``.
+        app_version: the app's build when the pass began (``JOBS_BUILD``), if known.
+        rows: rows handled so far.
+        last_cursor: the cursor after the last handled page (JSON; ``None`` at the end).
+        started_at: when the pass began (UTC, the ledger's clock).
+        completed_at: when it completed, if it did.
+    """
+
+    id: UUID
+    name: str
+    scope: str
+    checksum: str
+    status: BackfillStatus
+    app_version: str | None
+    rows: int
+    last_cursor: JSONValue
+    started_at: datetime
+    completed_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillStart:
+    """A pass to open in the ledger (``BackfillLedger.begin``).
+
+    Attributes:
+        id: the pass's id; beginning an id the ledger holds answers that row unchanged.
+        name: the backfill's name.
+        scope: the scope (``""`` for none).
+        checksum: the declaration's digest.
+        app_version: the app's build, if known.
+    """
+
+    id: UUID
+    name: str
+    scope: str
+    checksum: str
+    app_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillProgress:
+    """Where a running pass got to (``BackfillLedger.record``).
+
+    Attributes:
+        id: the pass's id.
+        rows: rows handled so far (the whole pass's count, not this page's).
+        cursor: the cursor after the last handled page (JSON).
+    """
+
+    id: UUID
+    rows: int
+    cursor: JSONValue
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillQuery:
+    """Which passes ``BackfillLedger.passes`` answers.
+
+    Attributes:
+        name: only passes of this backfill (``None``: every backfill).
+        scope: only this scope (``None``: every scope).
+        limit: the most passes answered, newest first (1..1,000).
+    """
+
+    name: str | None = None
+    scope: str | None = None
+    limit: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionRequest:
+    """Settled rows to delete, with their steps (``RetentionStore.purge_settled``).
+
+    Attributes:
+        states: the finished states to delete (a subset of ``done``, ``failed``, ``dead``,
+            ``cancelled``; a live state is refused).
+        before: only rows settled (last updated) strictly before this instant (UTC).
+        limit: the most rows one call deletes (1..10,000), so a sweep over millions of rows is
+            many short statements, never one long one.
+    """
+
+    states: frozenset[JobState]
+    before: datetime
+    limit: int = 1_000
+
+
 @dataclass(frozen=True, slots=True)
 class StoredEvent:
     """An event as a bus stores it.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,6 +21,7 @@ from jobs_core.errors import (
     JobDeclarationInvalidError,
     TenantRequiredError,
 )
+from jobs_core.job import declaration_site
 from jobs_core.limits import Concurrency
 
 Format = Literal["csv", "ndjson"]
@@ -80,11 +80,15 @@ def check_format(problems: list[str], format: object) -> None:
         problems.append(f"format: must be 'csv' or 'ndjson', got {format!r}")
 
 
-def caller_site() -> str:
-    """Answer ``module:file:line`` of the code that called the factory calling this."""
-    frame = sys._getframe(2)  # caller_site <- export_rows/import_rows <- the declaring code
-    module = frame.f_globals.get("__name__", "__main__")
-    return f"{module}:{frame.f_code.co_filename}:{frame.f_lineno}"
+def caller_site() -> tuple[str, int]:
+    """Answer ``(file, line)`` of the code that called the factory calling this.
+
+    What :func:`jobs_core.job` takes as ``declared_at``: the registry tells a module reload (the
+    same call site again) from a second job taking a name (``X_JOB_DUPLICATE``) by it, since every
+    factory body shares one code location.
+    """
+    # declaration_site <- caller_site <- export_rows/import_rows <- the declaring code
+    return declaration_site(skip=1)
 
 
 def declare(
@@ -92,7 +96,7 @@ def declare(
     options: JobOptions,
     problems: list[str],
     run: Callable[[Any, Any, Any], Awaitable[Any]],
-    site: str,
+    site: tuple[str, int],
 ) -> JobHandle[Any, Any]:
     """Make the job, or raise every problem of the declaration at once.
 
@@ -116,7 +120,6 @@ def declare(
     async def body(input: Any, step: Any, ctx: Any) -> Any:
         return await run(input, step, ctx)
 
-    _stamp_origin(body, options.name, site)
     arguments: dict[str, Any] = {
         "name": options.name if isinstance(options.name, str) and options.name.strip() else kind,
         "input": options.input,
@@ -144,19 +147,7 @@ def declare(
             job=options.name,
             problems=found,
         )
-    return job(**arguments, registry=options.registry)(body)
-
-
-def _stamp_origin(body: Callable[..., Any], name: object, site: str) -> None:
-    """Give ``body`` the identity of the factory call that made it.
-
-    The job registry tells a re-declaration (a module reload: same module, qualified name, file
-    and line) from a second job taking a name. Every factory body shares one code location, so it
-    is stamped with the declaring module and the call's file and line: two factory calls naming
-    one job collide with ``X_JOB_DUPLICATE``, a reload replaces its own.
-    """
-    body.__module__ = site.split(":", 1)[0]
-    body.__qualname__ = f"{name}@{site}"
+    return job(**arguments, registry=options.registry, declared_at=site)(body)
 
 
 def is_async(fn: Callable[..., Any]) -> bool:

@@ -49,10 +49,12 @@ from jobs_core.types import (
     Settle,
     nack_state,
 )
+from jobs_pg._backfills import PgBackfillLedger
 from jobs_pg._db import Db, Row, utc
 from jobs_pg._migrate import apply_migrations
 from jobs_pg._outbox import PgOutboxStore
 from jobs_pg._records import enqueue_params, json_text
+from jobs_pg._retention import PgRetentionStore
 from jobs_pg._sql import check_schema, wake_channel
 from jobs_pg._stores import (
     PgCounterStore,
@@ -77,9 +79,11 @@ CAPABILITY_SET = frozenset(
         "leader",
         "workers",
         "counters",
+        "backfills",
+        "retention",
     }
 )
-"""What the driver carries (every capability but ``backfills``, which has no protocol yet)."""
+"""What the driver carries: every capability."""
 
 ACK_BATCH = 100
 """The most acks one ``ack`` statement settles."""
@@ -208,7 +212,7 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
 
 
 class PostgresDriver:
-    """The PostgreSQL :class:`~jobs_core.driver.JobDriver`, with every capability but backfills.
+    """The PostgreSQL :class:`~jobs_core.driver.JobDriver`, with every capability.
 
     Build it with :meth:`connect` (async, opens the pool) or :func:`open_postgres_driver` (sync,
     the ``jobs.drivers`` entry point: the pool opens on first use). Everything lives under one
@@ -217,7 +221,8 @@ class PostgresDriver:
     Attributes:
         name: ``"postgresql"``.
         capabilities: ``introspect``, ``leases``, ``events``, ``wake``, ``outbox``,
-            ``scheduler_state``, ``leader``, ``workers``, ``counters``.
+            ``scheduler_state``, ``leader``, ``workers``, ``counters``, ``backfills``,
+            ``retention``.
         schema: the schema every table lives in.
         steps: the step store (:class:`~jobs_pg._stores.PgStepStore`).
         introspect: the operator surface.
@@ -229,6 +234,9 @@ class PostgresDriver:
         leader: the scheduler's leader lease row.
         workers: the worker registry.
         counters: outcome counters in tiers.
+        backfills: the backfill ledger (:class:`~jobs_pg._backfills.PgBackfillLedger`).
+        retention: deletes settled rows in bounded batches
+            (:class:`~jobs_pg._retention.PgRetentionStore`).
 
     Args:
         url: a libpq URL (``postgresql://user@host:5432/db``) or key/value conninfo.
@@ -292,6 +300,8 @@ class PostgresDriver:
         self.leader = PgLeaderLease(self._db)
         self.workers = PgWorkerRegistry(self._db)
         self.counters = PgCounterStore(self._db)
+        self.backfills = PgBackfillLedger(self._db)
+        self.retention = PgRetentionStore(self._db)
 
     @classmethod
     async def connect(

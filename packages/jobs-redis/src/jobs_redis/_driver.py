@@ -103,11 +103,12 @@ from jobs_redis._codec import (
     unopt,
 )
 from jobs_redis._connection import UNAVAILABLE, Connection
+from jobs_redis._retention import RedisRetentionStore
 from jobs_redis._scripts import SCRIPTS
 
 _log = logging.getLogger("jobs.redis")
 
-CARRIED: frozenset[str] = frozenset({"leases", "events", "wake"})
+CARRIED: frozenset[str] = frozenset({"leases", "events", "wake", "retention"})
 """The optional capabilities this driver declares."""
 
 OPERATOR_MEMBERS: tuple[str, ...] = (
@@ -124,7 +125,8 @@ _NOT_CARRIED: dict[str, str] = {
     "introspect": "listing with filters and the bulk calls would scan every row; "
     "driver.operator carries " + ", ".join(OPERATOR_MEMBERS),
     "outbox": "the transaction is the database's: stage in Postgres, relay onto Redis",
-    "backfills": "no ledger; backfills run without bookkeeping",
+    "backfills": "no ledger: a backfill is refused with X_NOT_IMPLEMENTED; run backfills on "
+    "postgresql://",
     "scheduler_state": "run the scheduler on the Postgres driver's state",
     "leader": "run the scheduler on the Postgres driver's leader lease",
     "workers": "no worker registry",
@@ -937,11 +939,13 @@ class RedisDriver:
 
     Attributes:
         name: ``"redis"``.
-        capabilities: ``leases``, ``events`` and ``wake`` (see :meth:`describe` for the rest).
+        capabilities: ``leases``, ``events``, ``wake`` and ``retention`` (see :meth:`describe`
+            for the rest).
         steps: the step store (:class:`RedisStepStore`).
         leases: fleet concurrency slots (:class:`RedisLeaseStore`).
         events: the stored event bus (:class:`RedisEventBus`, which wakes waiters).
         wake: the pub/sub wake source (:class:`RedisWakeSource`).
+        retention: deletes settled rows (:class:`~jobs_redis._retention.RedisRetentionStore`).
         operator: the operator calls carried without ``introspect`` (:class:`RedisOperator`).
         done_ttl_ms: how long a ``done`` row and its steps are kept (0: forever).
 
@@ -1006,6 +1010,7 @@ class RedisDriver:
         self.events = RedisEventBus(self._s)
         self.wake = RedisWakeSource(self._s)
         self.operator = RedisOperator(self._s)
+        self.retention = RedisRetentionStore(self._s)
 
     @classmethod
     async def connect(

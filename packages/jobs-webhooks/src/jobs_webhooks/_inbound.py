@@ -43,8 +43,7 @@ from jobs_core.errors import (
     WebhookReceiverUnavailableError,
     classification_of,
 )
-from jobs_core.job import JobHandle, JobRegistry
-from jobs_webhooks._declare import claim_name
+from jobs_core.job import JobHandle, JobRegistry, declaration_site
 
 _log = logging.getLogger("jobs.webhooks")
 
@@ -443,6 +442,8 @@ def webhook_receiver(
             field (a bad job field raises the core's own declaration error).
         JobDuplicateError: ``X_JOB_DUPLICATE`` when another job holds ``name``.
     """
+    # First: the app's call site tells a reload of this declaration from a second one.
+    site = declaration_site()
     problems = _problems(path, verify, handle, max_bytes, handshake, retry_after)
     if problems:
         raise WebhookReceiverInvalidError(
@@ -450,7 +451,6 @@ def webhook_receiver(
             job=name,
             problems=problems,
         )
-    claim_name(registry, name, "webhook_receiver")
     handle_job: JobHandle[InboundEvent, Any] = job(
         input=InboundEvent,
         idempotency_key=lambda event: event.event_id,
@@ -460,6 +460,7 @@ def webhook_receiver(
         queue=queue,
         timeout=timeout,
         registry=registry,
+        declared_at=site,
     )(_body_for(handle))
     return WebhookReceiver(
         handle_job,

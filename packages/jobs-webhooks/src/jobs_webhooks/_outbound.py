@@ -52,9 +52,8 @@ from jobs_core.errors import (
     WebhookEventMissingError,
     classification_of,
 )
-from jobs_core.job import JobHandle, JobRegistry
+from jobs_core.job import JobHandle, JobRegistry, declaration_site
 from jobs_core.types import EnqueueResult, JSONValue
-from jobs_webhooks._declare import claim_name
 from jobs_webhooks._delays import retry_after_seconds, throttle_delay_ms
 from jobs_webhooks._endpoint import Endpoint, WebhookEvent, body_bytes, shown_url, target
 from jobs_webhooks._ledger import DeliveryAttempt, Outcome, WebhookLedger, excerpt
@@ -527,6 +526,8 @@ def webhook(
         JobDeclarationInvalidError: ``X_JOB_DECLARATION_INVALID`` naming every bad field (the
             job's own fields are checked by :func:`jobs_core.job` as well).
     """
+    # First: the app's call site tells a reload of this declaration from a second one.
+    site = declaration_site()
     problems: list[str] = []
     if not callable(endpoint):
         problems.append("endpoint: must be a function (input) -> Endpoint | None")
@@ -566,7 +567,6 @@ def webhook(
             job=name,
             problems=problems,
         )
-    claim_name(registry, name, "webhook")
     delivery = Delivery(
         name=name,
         endpoint=endpoint,
@@ -592,5 +592,6 @@ def webhook(
         queue=queue,
         concurrency=concurrency,
         registry=registry,
+        declared_at=site,
     )(delivery.body)
     return WebhookJob(handle, delivery)

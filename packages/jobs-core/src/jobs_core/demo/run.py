@@ -16,6 +16,9 @@ The scenario:
 * ``ada@acme.test`` gets a welcome e-mail, the run parks for 2 s (suspended, no attempt spent),
   then the nudge.
 * ``A-1001`` is enqueued twice: the second enqueue answers the live row (``deduped``).
+* The catalogue backfill passes over 40 products, five a page, one durable step per page, with
+  a progress bar per page; enqueued again once it completed, it is a ``skipped`` pass (the
+  ledger holds the completed one).
 """
 
 from __future__ import annotations
@@ -52,12 +55,14 @@ from jobs_core import (
     use_driver,
 )
 from jobs_core.demo.shop import (
+    CATALOGUE,
     SYSTEMS,
     Delivery,
     Order,
     Signup,
     checkout,
     confirm_delivery,
+    reprice_catalogue,
     stock_sync,
     welcome_series,
 )
@@ -68,7 +73,10 @@ from jobs_core.scheduler import Scheduler
 SETTLE_BUDGET_S = 20.0
 """How long the demo waits for every job to finish before it reports failure."""
 
-_NARRATED_LOGGERS = ("jobs.worker", "jobs_core.demo")
+_NARRATED_LOGGERS = ("jobs.worker", "jobs_core.demo", "jobs.backfill")
+
+PROGRESS_WIDTH = 20
+"""Cells in a backfill's progress bar."""
 
 _OUTCOMES = {
     "completed": ("→ done: acked, the row is finished", "bold green"),
@@ -201,6 +209,14 @@ class PaymentDeclinedError(Exception):
     """The simulated business transaction fails after staging the job: it rolls back."""
 
 
+BACKFILL_EXPECTED = Expected(
+    "reprice catalogue",
+    JobState.DONE,
+    1,
+    None,
+    f"one pass over {len(CATALOGUE)} products, a durable step per page of five",
+)
+
 SIGNUP_EXPECTED = Expected(
     "welcome ada@acme.test",
     JobState.DONE,
@@ -327,7 +343,23 @@ class Narrator(logging.Handler):
             return f"{step}: answered → {_compact(fields.get('answer'))}", "cyan"
         if event == "shop.step.compensated":
             return f"{step}: compensation ran ({fields.get('undo')})", "yellow"
+        if event == "jobs.backfill.page":
+            return _progress_bar(fields), "cyan"
         return None
+
+
+def _progress_bar(fields: dict[str, Any]) -> str:
+    """Draw one backfill page as a bar: rows done of the pass's total, and the cursor."""
+    done, total = int(fields.get("rows") or 0), fields.get("total")
+    if isinstance(total, int) and total > 0:
+        filled = min(PROGRESS_WIDTH, round(PROGRESS_WIDTH * done / total))
+        bar = "█" * filled + "░" * (PROGRESS_WIDTH - filled)
+        share = f"{done}/{total} rows"
+    else:
+        bar, share = "", f"{done} rows"
+    page = int(fields.get("page") or 0)
+    cursor = json.dumps(fields.get("cursor"))
+    return f"batch:{page} {bar} {share}, checkpoint {{cursor: {cursor}}}"
 
 
 def _compact(value: object, limit: int = 70) -> str:
@@ -376,6 +408,10 @@ async def run_demo(driver: JobDriver, console: Console) -> bool:
         _enqueued(narrator, labels, DELIVERY_EXPECTED.label, result, "confirm:A-1001")
         expected[result.id] = DELIVERY_EXPECTED
         confirm_id = result.id
+        result = await reprice_catalogue.enqueue()
+        _enqueued(narrator, labels, BACKFILL_EXPECTED.label, result, reprice_catalogue.name)
+        expected[result.id] = BACKFILL_EXPECTED
+        backfill_id = result.id
         first, again = ORDERS[0]
         repeat = await checkout.enqueue(first)
         narrator.say(
@@ -407,7 +443,7 @@ async def run_demo(driver: JobDriver, console: Console) -> bool:
         console.print()
         worker = Worker(
             driver,
-            queues=["orders", "emails"],
+            queues=["orders", "emails", "maintenance"],
             concurrency=4,
             poll_interval="50ms",
             idle_poll_max="250ms",
@@ -419,8 +455,19 @@ async def run_demo(driver: JobDriver, console: Console) -> bool:
         roles = [asyncio.create_task(r.run()) for r in (worker, relay, scheduler) if r is not None]
         customer = asyncio.create_task(_customer(introspect, narrator, confirm_id))
         syncs: list[JobInfo] = []
+        skipped: JobInfo | None = None
         try:
             infos = await _wait_settled(introspect, list(expected), roles[0])
+            rerun = await reprice_catalogue.enqueue()
+            labels[str(rerun.id)] = BACKFILL_EXPECTED.label
+            skipped = (await _wait_settled(introspect, [rerun.id], roles[0])).get(rerun.id)
+            narrator.say(
+                BACKFILL_EXPECTED.label,
+                "enqueued again after the pass completed → "
+                f"{(skipped.result or {}).get('status') if skipped else 'unfinished'}: the "
+                "ledger holds the completed pass",
+                "cyan",
+            )
             if scheduler is not None:
                 await _wait_for_syncs(roles[0])
                 await scheduler.stop()
@@ -438,6 +485,7 @@ async def run_demo(driver: JobDriver, console: Console) -> bool:
     console.print(_outcome_table(expected, infos))
     wanted = EXPECTED_EFFECTS + (OUTBOX_EFFECTS if outbox is not None else Counter())
     checks = _checks(expected, infos, wanted)
+    checks.append(await _backfill_check(driver, infos.get(backfill_id), skipped))
     if rolled_back is not None:
         checks.append(
             Check(
@@ -552,6 +600,31 @@ async def _sync_jobs(introspect: Introspector, running: asyncio.Task[None]) -> l
         if running.done():
             running.result()
         await asyncio.sleep(0.05)
+
+
+async def _backfill_check(
+    driver: JobDriver, info: JobInfo | None, skipped: JobInfo | None
+) -> Check:
+    """The catalogue pass: every product repriced once, its ledger row completed, then a skip."""
+    ledger = capability(driver, "backfills")
+    done = None if ledger is None else await ledger.completed(reprice_catalogue.name, "")
+    pages = [s for s in (info.steps if info else ()) if s.name.startswith("batch:")]
+    ok = (
+        SYSTEMS.repriced == dict.fromkeys(CATALOGUE, 1)
+        and done is not None
+        and done.rows == len(CATALOGUE)
+        and len(pages) == len(CATALOGUE) // 5
+        and skipped is not None
+        and (skipped.result or {}).get("status") == "skipped"
+    )
+    return Check(
+        f"the catalogue backfill repriced each of the {len(CATALOGUE)} products once in "
+        f"{len(CATALOGUE) // 5} page steps, its ledger row completed, and the next enqueue was a "
+        "skipped pass",
+        ok,
+        f"repriced {sum(SYSTEMS.repriced.values())}, pages {len(pages)}, ledger {done}, "
+        f"again {None if skipped is None else skipped.result}",
+    )
 
 
 def _two_minutes_apart(occurrences: list[str]) -> bool:

@@ -9,6 +9,9 @@
   ``delivery.confirmed`` event (parked, with a timeout) and closes the order with the answer.
 * :data:`stock_sync` is a cron task (``*/2 * * * *`` in Europe/Paris) whose every occurrence
   enqueues one :func:`sync_stock` job.
+* :data:`reprice_catalogue` is a backfill: one pass over the catalogue, five products a page,
+  each page a durable step, throttled to 20 pages a second; the ledger records the pass, so
+  enqueueing it again is a skipped pass.
 
 The outside world is simulated by :data:`SYSTEMS`: every effect (charge, refund, shipment,
 payout, e-mail) lands in its ledger, and the warehouse can be told to answer "busy" a number of
@@ -33,7 +36,17 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from jobs_core import Duration, JobContext, Retry, Step, classify, job, task
+from jobs_core import (
+    BackfillContext,
+    Duration,
+    JobContext,
+    Retry,
+    Step,
+    backfill,
+    classify,
+    job,
+    task,
+)
 from jobs_core.steps import StepSuspended
 from jobs_core.types import JSONValue
 
@@ -156,14 +169,21 @@ class ExternalSystems:
         self.ledger: list[Effect] = []
         self.warehouse_calls: dict[str, int] = {}
         self.warehouse_busy: dict[str, int] = {}
+        self.repriced: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def reset(self) -> None:
-        """Forget every effect, call count and planned failure."""
+        """Forget every effect, call count, planned failure and repricing."""
         with self._lock:
             self.ledger.clear()
             self.warehouse_calls.clear()
             self.warehouse_busy.clear()
+            self.repriced.clear()
+
+    def reprice(self, sku: str) -> None:
+        """Count one repricing of ``sku`` (the catalogue backfill's effect)."""
+        with self._lock:
+            self.repriced[sku] = self.repriced.get(sku, 0) + 1
 
     def record(self, system: str, action: str, ref: str, detail: str) -> int:
         """Append an effect to the ledger; answer its 1-based position (used as an id)."""
@@ -428,3 +448,40 @@ stock_sync = task(
     enqueue=lambda occurrence: [(sync_stock, StockSync(at=occurrence))],
 )
 """Every two minutes, Paris time: one :func:`sync_stock` job per occurrence."""
+
+
+CATALOGUE = tuple(f"SKU-{n:03d}" for n in range(1, 41))
+"""The shop's products, in key order."""
+
+CATALOGUE_PAGE = 5
+"""Products per page of the catalogue backfill."""
+
+
+def catalogue_page(cursor: JSONValue, cancel: Any, input: Any) -> tuple[list[str], int | None]:
+    """Answer the page of products after ``cursor`` (an index) and the next cursor."""
+    start = int(cursor or 0)
+    end = start + CATALOGUE_PAGE
+    return list(CATALOGUE[start:end]), (end if end < len(CATALOGUE) else None)
+
+
+async def reprice(skus: list[str], cancel: Any) -> None:
+    """Reprice one page of products (idempotent per product in a real shop)."""
+    for sku in skus:
+        SYSTEMS.reprice(sku)
+
+
+def products_left(ctx: BackfillContext) -> int:
+    """Products not repriced yet: the pass's total, and zero once it is done."""
+    return sum(1 for sku in CATALOGUE if sku not in SYSTEMS.repriced)
+
+
+reprice_catalogue = backfill(
+    name="shop.reprice_catalogue",
+    tenant="none",
+    pages=catalogue_page,
+    handle=reprice,
+    count=products_left,
+    rate=20,
+    queue="maintenance",
+)
+"""One pass over the catalogue, a step per page of five, at most 20 pages a second."""

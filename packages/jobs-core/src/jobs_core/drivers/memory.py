@@ -58,7 +58,9 @@ from jobs_core.driver import (
     check_run_ids,
     run_id_taken,
 )
+from jobs_core.drivers.memory_backfills import MemoryBackfillLedger
 from jobs_core.drivers.memory_outbox import MemoryOutboxStore
+from jobs_core.drivers.memory_retention import MemoryRetentionStore
 from jobs_core.errors import (
     DriverRequestInvalidError,
     DriverUnavailableError,
@@ -118,6 +120,8 @@ _CAPABILITIES = frozenset(
         "scheduler_state",
         "leader",
         "outbox",
+        "backfills",
+        "retention",
     }
 )
 _CURSOR = re.compile(r"mem1\|(-?\d{1,20})\|([0-9a-f]{32})")
@@ -460,6 +464,8 @@ class _Memory:
         self.paused: set[str] = set()
         # Every row ordered by _position, for cursor paging.
         self.listing: list[_Row] = []
+        # Finished rows per state, in the order they settled (a retention purge's walk).
+        self.settled: dict[JobState, dict[UUID, _Row]] = {}
         self.steps: dict[UUID, dict[str, _Step]] = {}
         self.events: dict[str, list[_Event]] = {}
         self.leases: dict[str, list[_Slot]] = {}
@@ -506,6 +512,7 @@ class _Memory:
             del self.keys[key]
         counts = self.queues[row.queue].finished
         counts[state] = counts.get(state, 0) + 1
+        self.settled.setdefault(state, {})[row.id] = row
         outcome = _COUNTED.get(state)
         if outcome is not None:
             self.count(row.name, outcome, now, duration_ms)
@@ -562,6 +569,7 @@ class _Memory:
             for name in [n for n, step in run.items() if step.record.seq >= cut]:
                 del run[name]
         self.queues[row.queue].finished[row.state] -= 1
+        self.settled[row.state].pop(row.id, None)
         row.state = JobState.READY
         row.attempts = 0
         row.run_at = now
@@ -613,6 +621,7 @@ class _Memory:
             row.token += 1  # its heap entries are stale from now on
         else:
             self.queues[row.queue].finished[row.state] -= 1
+            self.settled[row.state].pop(row.id, None)
         self.steps.pop(row.run_id, None)
 
     def fenced(self, job_id: UUID, fence: Fence) -> _Row | None:
@@ -1808,7 +1817,8 @@ class MemoryDriver:
     Attributes:
         name: ``"memory"``.
         capabilities: ``introspect``, ``leases``, ``events``, ``wake``, ``workers``,
-            ``counters``, ``scheduler_state`` and ``leader``.
+            ``counters``, ``scheduler_state``, ``leader``, ``outbox``, ``backfills`` and
+            ``retention``.
         steps: the step store (:class:`MemoryStepStore`).
         introspect: the operator surface (:class:`MemoryIntrospector`).
         leases: the lease store (:class:`MemoryLeaseStore`).
@@ -1818,6 +1828,9 @@ class MemoryDriver:
         counters: the outcome counters (:class:`MemoryCounterStore`).
         scheduler_state: cron watermarks and fires (:class:`MemorySchedulerState`).
         leader: the scheduler's leader lease (:class:`MemoryLeaderLease`).
+        outbox: the in-process outbox store (:class:`MemoryOutboxStore`).
+        backfills: the backfill ledger (:class:`MemoryBackfillLedger`).
+        retention: deletes settled rows (:class:`MemoryRetentionStore`).
 
     Args:
         clock: the clock every time decision reads (due rows, leases, expiry, timestamps);
@@ -1845,6 +1858,8 @@ class MemoryDriver:
         self.scheduler_state = MemorySchedulerState(self)
         self.leader = MemoryLeaderLease(self._m)
         self.outbox = MemoryOutboxStore(self._m.clock)
+        self.backfills = MemoryBackfillLedger(self._m)
+        self.retention = MemoryRetentionStore(self._m)
 
     async def enqueue(self, req: EnqueueRequest) -> EnqueueResult:
         """Queue one row (the one-element case of :meth:`enqueue_many`).

@@ -939,3 +939,110 @@ WHERE j.state IN ('ready', 'delayed', 'running', 'suspended')
 -- Every queue that ever had a row: a listener that becomes live wakes them all, so rows that
 -- arrived while it could not hear are claimed now rather than at the next poll.
 SELECT name FROM {schema}.queues ORDER BY name
+
+-- name: backfill_begin
+-- Opens a running pass unless its id (the job's) already has a row; answers the pass either way.
+-- The second arm reads the snapshot the INSERT ran on, so it sees only a row made before.
+WITH made AS (
+    INSERT INTO {schema}.backfills AS b
+        (id, name, scope, checksum, status, app_version, rows, last_cursor, started_at)
+    VALUES
+        (%(id)s, %(name)s, %(scope)s, %(checksum)s, 'running', %(app_version)s, 0, 'null', {now})
+    ON CONFLICT (id) DO NOTHING
+    RETURNING b.id, b.name, b.scope, b.checksum, b.status, b.app_version, b.rows, b.last_cursor,
+        b.started_at, b.completed_at
+)
+SELECT * FROM made
+UNION ALL
+SELECT id, name, scope, checksum, status, app_version, rows, last_cursor, started_at,
+    completed_at
+FROM {schema}.backfills
+WHERE id = %(id)s AND NOT EXISTS (SELECT 1 FROM made)
+
+-- name: backfill_record
+-- A pass's rows and cursor after a page; a completed pass is final.
+UPDATE {schema}.backfills
+SET status = 'running', rows = %(rows)s, last_cursor = %(cursor)s::jsonb
+WHERE id = %(id)s AND status <> 'completed'
+RETURNING id
+
+-- name: backfill_settle
+UPDATE {schema}.backfills
+SET status = %(status)s::text,
+    completed_at = CASE WHEN %(status)s::text = 'completed' THEN {now} END
+WHERE id = %(id)s AND status <> 'completed'
+RETURNING id
+
+-- name: backfill_completed
+SELECT id, name, scope, checksum, status, app_version, rows, last_cursor, started_at,
+    completed_at
+FROM {schema}.backfills
+WHERE name = %(name)s AND scope = %(scope)s AND status = 'completed'
+ORDER BY started_at DESC, id DESC
+LIMIT 1
+
+-- name: backfill_passes
+SELECT id, name, scope, checksum, status, app_version, rows, last_cursor, started_at,
+    completed_at
+FROM {schema}.backfills
+WHERE (%(name)s::text IS NULL OR name = %(name)s::text)
+  AND (%(scope)s::text IS NULL OR scope = %(scope)s::text)
+ORDER BY started_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: retention_purge
+-- Deletes up to %(limit)s rows in %(states)s last updated (settled) before %(before)s, and the
+-- steps of their runs, in one short statement (a sweep calls it until it deletes fewer). The walk
+-- is jobs_listing's created_at range: a row settled before the cutoff was created before it, so
+-- the scan stops at the cutoff, passing over only old rows that are live or settled since.
+WITH doomed AS (
+    SELECT j.id, j.run_id FROM {schema}.jobs j
+    WHERE j.created_at < %(before)s
+      AND j.updated_at < %(before)s
+      AND j.state = ANY (%(states)s::text[])
+    ORDER BY j.created_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+gone AS (
+    DELETE FROM {schema}.jobs j USING doomed d WHERE j.id = d.id RETURNING j.run_id
+),
+steps AS (
+    -- A run id belongs to one row (jobs_run is unique, migration 0005): its steps go with it.
+    DELETE FROM {schema}.job_steps s USING gone g WHERE s.run_id = g.run_id
+)
+SELECT count(*) FROM gone
+
+-- name: consumer_cursor_load
+SELECT cursor FROM {schema}.consumer_cursors WHERE consumer = %(consumer)s AND key = %(key)s
+
+-- name: consumer_cursor_save
+-- Runs on the app's connection, inside the transaction of the batch's effects.
+INSERT INTO {schema}.consumer_cursors AS c (consumer, key, cursor, updated_at)
+VALUES (%(consumer)s, %(key)s, %(cursor)s::jsonb, now())
+ON CONFLICT (consumer, key) DO UPDATE SET cursor = EXCLUDED.cursor, updated_at = EXCLUDED.updated_at
+
+-- name: rollup_unique_index
+-- Whether a table has a plain unique index (no WHERE, no expressions) on exactly these columns,
+-- the index an INSERT ... ON CONFLICT (columns) needs. NULL when the table does not exist.
+SELECT CASE WHEN to_regclass(%(table)s::text) IS NULL THEN NULL ELSE EXISTS (
+    SELECT 1 FROM pg_index i
+    WHERE i.indrelid = to_regclass(%(table)s::text)
+      AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
+      AND (
+          SELECT array_agg(a.attname::text ORDER BY a.attname::text)
+          FROM unnest(i.indkey) AS k(attnum)
+          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+      ) = (SELECT array_agg(c ORDER BY c) FROM unnest(%(columns)s::text[]) AS c)
+) END
+
+-- name: view_check
+-- For a materialized view: whether it exists, and whether it has the plain unique index (no
+-- WHERE, no expressions) REFRESH MATERIALIZED VIEW CONCURRENTLY needs.
+SELECT
+    EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = to_regclass(%(view)s::text) AND c.relkind = 'm'),
+    EXISTS (
+        SELECT 1 FROM pg_index i
+        WHERE i.indrelid = to_regclass(%(view)s::text)
+          AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
+    )

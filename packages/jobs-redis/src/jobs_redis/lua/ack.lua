@@ -3,7 +3,8 @@
 -- KEYS[1]  <base>seq     routes the call (every key shares its hash tag)
 -- ARGV[1]  base          "{<prefix>}:"; keys built from it (same hash tag): <base>j:<id> (row),
 --                        <base>live, <base>q:<queue>:l (running rows), <base>q:<queue>:f
---                        (finished counts), <base>s:<run_id> (the run's steps)
+--                        (finished counts), <base>s:<run_id> (the run's steps),
+--                        <base>fin:done (settled rows by settle time, for retention.lua)
 -- ARGV[2]  done_ttl_ms   the rows and their steps expire this long after the ack; 0 keeps them
 -- ARGV[3]  n             how many acks follow
 -- ARGV[4…] 4 values per ack: job id, the fence's worker id, the fence's claim ordinal, and the
@@ -11,13 +12,17 @@
 -- Reply:   one value per ack, in order: 1 when settled; 0, changing nothing, when the row is not
 --          running under that fence.
 --
--- Acks apply in order, as if sent one by one: the attempt is counted and the live key freed.
+-- Acks apply in order, as if sent one by one: the attempt is counted and the live key freed. Each
+-- done row joins <base>fin:done; with a TTL the members older than it (their rows expired) are
+-- trimmed once per call, so the set never outgrows the done rows still kept.
 
 local base = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
 local t = redis.call('TIME')
-local now_s = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_s = string.format('%.0f', now)
+local fin = base .. 'fin:done'
 local live = base .. 'live'
 local reply = {}
 
@@ -40,7 +45,11 @@ for i = 0, n - 1 do
       redis.call('PEXPIRE', jk, ttl)
       redis.call('PEXPIRE', base .. 's:' .. row[8], ttl)
     end
+    redis.call('ZADD', fin, now_s, row[7])
     reply[#reply + 1] = 1
   end
+end
+if ttl > 0 then
+  redis.call('ZREMRANGEBYSCORE', fin, '-inf', '(' .. string.format('%.0f', now - ttl * 1000))
 end
 return reply

@@ -2,7 +2,8 @@
 --
 -- KEYS[1]  <base>j:<id>  the row
 -- ARGV[1]  base          "{<prefix>}:"; keys built from it (same hash tag): <base>live,
---                        <base>q:<queue>:{r,s,l,f}
+--                        <base>q:<queue>:{r,s,l,f}, <base>fin:cancelled (settled rows by
+--                        settle time, for retention.lua)
 -- ARGV[2]  reason        stored as the last error ("=" and the text)
 -- ARGV[3]  code          stored as the last error code ("=" and the code)
 -- Reply:   "ok"; "missing" when no row has the id; else the finished row's state.
@@ -24,6 +25,7 @@ redis.call('ZREM', qk .. ':' .. src, row[3])
 redis.call('HSET', jk, 'state', 'cancelled', 'updated', now_s, 'err', ARGV[2], 'errc', ARGV[3],
   'errs', '')
 redis.call('HINCRBY', qk .. ':f', 'cancelled', 1)
+redis.call('ZADD', base .. 'fin:cancelled', now_s, row[5])
 if redis.call('HGET', base .. 'live', row[4]) == row[5] then
   redis.call('HDEL', base .. 'live', row[4])
 end

@@ -3,7 +3,8 @@
 -- KEYS[1]  <base>j:<id>  the row
 -- ARGV[1]  base          "{<prefix>}:"; keys built from it (same hash tag): <base>live,
 --                        <base>q:<queue>:{r,s,l,f} (ready/delayed, suspended, running, finished
---                        counts), <base>wake (channel)
+--                        counts), <base>wake (channel), <base>fin:<state> (settled rows by
+--                        settle time, for retention.lua)
 -- ARGV[2]  worker        the fence's worker id
 -- ARGV[3]  claim         the fence's claim ordinal
 -- ARGV[4]  state         the target: ready, delayed, suspended, failed or dead
@@ -44,6 +45,7 @@ if state == 'ready' or state == 'delayed' or state == 'suspended' then
 else
   redis.call('HSET', jk, 'state', state, 'updated', now_s)
   redis.call('HINCRBY', qk .. ':f', state, 1)
+  redis.call('ZADD', base .. 'fin:' .. state, now_s, row[7])
   if redis.call('HGET', base .. 'live', row[6]) == row[7] then
     redis.call('HDEL', base .. 'live', row[6])
   end
