@@ -9,9 +9,9 @@ from typing import Any
 
 import psycopg
 import pytest
-import subject_world as world
 from pydantic import BaseModel
 
+import subject_world as world
 from jobs_core import JobRegistry, JobState, Retry
 from jobs_core.faults import Boundary, install_fault_hook
 from jobs_core.testing import run_jobs
@@ -55,9 +55,7 @@ def seeded(conn: psycopg.Connection[Any], app_schema: str) -> str:
     return app_schema
 
 
-async def _erase(
-    driver: PostgresDriver, registry: JobRegistry, handle: Any, user: int = 1
-) -> Any:
+async def _erase(driver: PostgresDriver, registry: JobRegistry, handle: Any, user: int = 1) -> Any:
     queued = await handle.enqueue(Person(user_id=user))
     await run_jobs(driver, registry=registry, timeout="60s")
     found = await driver.introspect.get(queued.id)

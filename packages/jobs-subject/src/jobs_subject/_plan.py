@@ -242,10 +242,11 @@ class _Walk:
         parent = fk.parent.shown(self.home)
         cleared = treatment.kind == "anonymize" and _clears(fk, treatment.values)
         if fk.on_delete in ("no action", "restrict", "cascade") and not cleared:
+            action = fk.on_delete.upper()
             consequence = (
-                f"deleting {parent}'s rows would delete these rows too (ON DELETE CASCADE)"
+                f"deleting rows of {parent} would delete these rows too (ON DELETE CASCADE)"
                 if fk.on_delete == "cascade"
-                else f"deleting {parent}'s rows would be refused (ON DELETE {fk.on_delete.upper()})"
+                else f"deleting rows of {parent} would be refused (ON DELETE {action})"
             )
             fix = (
                 "set the key to None in ANONYMIZE"
@@ -255,14 +256,14 @@ class _Walk:
             self.invalid.append(
                 f"{shown} is {treatment.kind.upper()} but keeps rows referencing {parent} through "
                 f"{fk.name} ({fk.describe(self.home)}): {consequence}; {fix}, change the key's "
-                f"ON DELETE to SET NULL, or keep {parent}'s rows"
+                f"ON DELETE to SET NULL, or keep the rows of {parent} (ANONYMIZE it)"
             )
         if fk.on_delete == "set null":
             stuck = [c for c in fk.set_columns if _not_null(child, c)]
             if stuck:
                 self.invalid.append(
                     f"{shown}.{', '.join(stuck)} is NOT NULL but {fk.name} is ON DELETE SET NULL: "
-                    f"deleting {parent}'s rows would fail; make the column nullable"
+                    f"deleting rows of {parent} would fail; make the column nullable"
                 )
 
 
