@@ -12,11 +12,18 @@ import pytest
 from pydantic import BaseModel
 
 import subject_world as world
-from jobs_core import JobRegistry, JobState, Retry
+from jobs_core import JobRegistry, JobState, Retry, use_driver
+from jobs_core.errors import JobDeclarationInvalidError, JobDuplicateError
 from jobs_core.faults import Boundary, install_fault_hook
 from jobs_core.testing import run_jobs
 from jobs_pg import PostgresDriver
-from jobs_subject import Treatment, subject_erase, subject_erase_tables
+from jobs_subject import (
+    Treatment,
+    define_subject,
+    subject_erase,
+    subject_erase_tables,
+    subject_export,
+)
 from jobs_subject.testing import LocalStep
 
 
@@ -258,3 +265,126 @@ async def test_subject_erase_tables_runs_the_passes_alone(
     assert {k: v for k, v in world.members(conn, seeded, 2).items() if v} == {}
     assert world.members(conn, seeded, 1)["posts"] == 5  # nobody else's rows
     assert "census" not in step.names and step.names[-1] == "erase:users"
+
+
+async def test_a_subject_keyed_by_two_columns_is_erased_by_its_composite_key(
+    driver: PostgresDriver, registry: JobRegistry, conn: psycopg.Connection[Any], app_schema: str
+) -> None:
+    conn.execute(
+        "CREATE TABLE accounts (org_id int, id int, email text NOT NULL, PRIMARY KEY (org_id, id))"
+    )
+    conn.execute(
+        "CREATE TABLE notes (id int PRIMARY KEY, org_id int NOT NULL, account_id int NOT NULL, "
+        "FOREIGN KEY (org_id, account_id) REFERENCES accounts)"
+    )
+    conn.execute("INSERT INTO accounts VALUES (1, 7, 'a'), (2, 7, 'b'), (1, 8, 'c')")
+    conn.execute("INSERT INTO notes VALUES (1, 1, 7), (2, 2, 7), (3, 1, 8), (4, 1, 7)")
+
+    class Account(BaseModel):
+        org_id: int
+        id: int
+
+    subject = define_subject(
+        table="accounts",
+        key=["org_id", "id"],
+        schema=app_schema,
+        tables={"notes": Treatment.DELETE},
+        name=_name(),
+    )
+    handle = subject_erase(
+        name="accounts.erase",
+        input=Account,
+        tenant="none",
+        subject=subject,
+        key=lambda i: (i.org_id, i.id),
+        registry=registry,
+    )
+    queued = await handle.enqueue(Account(org_id=1, id=7))
+    await run_jobs(driver, registry=registry, timeout="60s")
+    done = await driver.introspect.get(queued.id)
+    assert done is not None and done.state == JobState.DONE, done and done.last_error
+    assert done.result["tables"] == {
+        "notes": {"treatment": "delete", "rows": 2},
+        "accounts": {"treatment": "delete", "rows": 1},
+    }
+    assert conn.execute("SELECT * FROM accounts ORDER BY org_id, id").fetchall() == [
+        (1, 8, "c"),
+        (2, 7, "b"),
+    ]
+    assert conn.execute("SELECT id FROM notes ORDER BY id").fetchall() == [(2,), (3,)]
+
+
+async def test_a_subject_anonymized_keeps_its_row_and_clears_its_team(
+    driver: PostgresDriver, registry: JobRegistry, seeded: str, conn: psycopg.Connection[Any]
+) -> None:
+    subject = world.declare(
+        seeded,
+        name=_name(),
+        tables={"users": Treatment.ANONYMIZE({"name": None, "password_hash": "erased"})},
+    )
+    handle = subject_erase(
+        name="users.erase.tombstone",
+        input=Person,
+        tenant="none",
+        subject=subject,
+        registry=registry,
+    )
+    done = await _erase(driver, registry, handle)
+    assert done.state == JobState.DONE, done.last_error
+    assert "anonymize:users" in [step.name for step in done.steps]
+    assert conn.execute(
+        "SELECT id, name, password_hash, team_id FROM users WHERE id = 1"
+    ).fetchone() == (
+        1,
+        None,
+        "erased",
+        None,
+    )
+    assert conn.execute("SELECT count(*) FROM invoices WHERE user_id = 1").fetchone()[0] == 3
+    assert world.members(conn, seeded, 1)["posts"] == 0
+
+
+async def test_without_a_driver_of_its_own_the_subject_needs_postgresql_to_run_on(
+    registry: JobRegistry, seeded: str
+) -> None:
+    from jobs_core.drivers.memory import MemoryDriver
+
+    subject = world.declare(seeded, name=_name())
+    handle = subject_erase(
+        name="users.erase.memory", input=Person, tenant="none", subject=subject, registry=registry
+    )
+    memory = MemoryDriver()
+    with use_driver(memory):
+        queued = await handle.enqueue(Person(user_id=1))
+        await run_jobs(memory, registry=registry, timeout="30s")
+        found = await memory.introspect.get(queued.id)
+    assert found is not None and found.state == JobState.DEAD and found.attempt == 1
+    assert (found.last_error or "").startswith("X_NOT_IMPLEMENTED")
+
+
+def test_a_factory_names_every_bad_field_and_a_second_job_of_one_name_collides(
+    registry: JobRegistry,
+) -> None:
+    class Pair(BaseModel):
+        org_id: int
+        user_id: int
+
+    with pytest.raises(JobDeclarationInvalidError) as caught:
+        subject_export(
+            name="",
+            input=Pair,
+            tenant="none",
+            subject="users",  # type: ignore[arg-type]
+            sink="exports",  # type: ignore[arg-type]
+            prefix=lambda i: "x",
+            format="xml",  # type: ignore[arg-type]
+            registry=registry,
+        )
+    problems = caught.value.meta["problems"]
+    assert [p.split(":")[0] for p in problems] == ["name", "subject", "key", "format", "sink"]
+    subject = define_subject(table="users", key="id", name=_name())
+    subject_erase(name="dup.erase", input=Person, tenant="none", subject=subject, registry=registry)
+    with pytest.raises(JobDuplicateError):
+        subject_erase(
+            name="dup.erase", input=Person, tenant="none", subject=subject, registry=registry
+        )

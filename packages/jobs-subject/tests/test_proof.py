@@ -85,3 +85,26 @@ async def test_the_proof_fails_when_the_seed_gave_the_subject_nothing_in_a_table
 
     with pytest.raises(AssertionError, match="the seed gave the subject no rows in sessions"):
         await subject_proof(subject, seed)
+
+
+async def test_the_proof_holds_for_a_subject_kept_as_an_anonymized_tombstone(
+    driver: PostgresDriver, tables: str
+) -> None:
+    from jobs_subject import Treatment
+
+    subject = world.declare(
+        tables,
+        name=f"u-{uuid.uuid4().hex[:8]}",
+        driver=driver,
+        tables={"users": Treatment.ANONYMIZE({"name": None, "email": "erased-1@invalid"})},
+    )
+
+    async def seed(lent: Any) -> int:
+        await world.seed_async(lent, tables, world.SMALL)
+        return 1
+
+    report = await subject_proof(subject, seed)
+    users = report.tables["users"]
+    assert users.treatment == "anonymize" and users.rows_after == 6
+    # The tombstone still exists, so the invoices keep pointing at it: no SET NULL fired.
+    assert report.tables["invoices"].proven and report.erased["tables"]["users"] == 1
