@@ -78,7 +78,8 @@ class EraseRecord(TypedDict):
         erased_at: when the erase finished (the database's clock), ISO 8601 UTC.
         rounds: rounds the table passes took.
         tables: ``{table: {"treatment", "rows", ...}}``: the subject's rows in each planned
-            table when the erase began (a RETAIN table's with its reason: kept, not erased).
+            table when the erase began (a RETAIN table's with its reason: kept, not erased;
+            ``None`` for a table a later attempt planned that the census never counted).
         cleared: ``{"table.key": {"columns", "rows"}}``: rows of anyone whose loop-closing key
             pointed at the subject's rows, cleared.
         targets: ``{name: {"treatment", "erased"}}`` (``"reason"`` for a RETAIN target).
@@ -305,12 +306,12 @@ class _Erase:
             "tables": {
                 planned.shown: {
                     **planned.treatment.describe(),
-                    "rows": census["tables"][planned.shown],
+                    "rows": census["tables"].get(planned.shown),
                 }
                 for planned in plan.tables
             },
             "cleared": {
-                name: {"columns": list(clear.columns), "rows": census["cleared"][name]}
+                name: {"columns": list(clear.columns), "rows": census["cleared"].get(name)}
                 for clear in plan.clears
                 for name in [_clear_name(plan, clear.key)]
             },

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, TypedDict
 from urllib.parse import quote
 
@@ -63,6 +63,29 @@ def _segment(name: str) -> str:
 def _listed(out: dict[str, Any]) -> dict[str, Any]:
     """A written part as the index lists it."""
     return {"key": out["part"], "rows": out["rows"], "bytes": out["bytes"]}
+
+
+async def _paged(
+    step: Step,
+    name: tuple[str, ...],
+    parts: list[dict[str, Any]],
+    page: Callable[..., Awaitable[dict[str, Any]]],
+    *args: Any,
+) -> None:
+    """Run ``page(cursor, part_number, *args)`` as steps ``<name>:0``, ``:1``, ... to the end.
+
+    Each part a page wrote is added to ``parts``, so part numbers go on from the parts before.
+    """
+    cursor: Any = None
+    number = 0
+    while True:
+        out = await step.run(step_name(*name, str(number)), page, cursor, len(parts), *args)
+        number += 1
+        if out["part"] is not None:
+            parts.append(_listed(out))
+        if out["cursor"] is None:
+            return
+        cursor = out["cursor"]
 
 
 class _Export:
@@ -143,28 +166,17 @@ class _Export:
             return [_listed(out)] if out["part"] is not None else []
         parts: list[dict[str, Any]] = []
         for index, fk in enumerate(planned.keys):
-            cursor = None
-            page = 0
-            while True:
-                name = step_name("export", planned.shown, fk.name, str(page))
-                out = await step.run(
-                    name, self._page, statements, planned, index, cursor, len(parts), sink, folder
-                )
-                page += 1
-                if out["part"] is not None:
-                    parts.append(_listed(out))
-                if out["cursor"] is None:
-                    break
-                cursor = out["cursor"]
+            steps = ("export", planned.shown, fk.name)
+            await _paged(step, steps, parts, self._page, statements, planned, index, sink, folder)
         return parts
 
     async def _page(
         self,
+        cursor: list[str] | None,
+        number: int,
         statements: Statements,
         planned: PlannedTable,
         index: int,
-        cursor: list[str] | None,
-        number: int,
         sink: ExportSink,
         folder: str,
     ) -> dict[str, Any]:
@@ -203,26 +215,16 @@ class _Export:
     ) -> list[dict[str, Any]]:
         folder = f"{prefix}/targets/{_segment(target.name)}"
         parts: list[dict[str, Any]] = []
-        cursor: Any = None
-        page = 0
-        while True:
-            name = step_name("export-target", target.name, str(page))
-            out = await step.run(
-                name, self._target_page, target, statements, cursor, len(parts), sink, folder
-            )
-            page += 1
-            if out["part"] is not None:
-                parts.append(_listed(out))
-            if out["cursor"] is None:
-                return parts
-            cursor = out["cursor"]
+        name = ("export-target", target.name)
+        await _paged(step, name, parts, self._target_page, target, statements, sink, folder)
+        return parts
 
     async def _target_page(
         self,
-        target: SubjectTarget,
-        statements: Statements,
         cursor: Any,
         number: int,
+        target: SubjectTarget,
+        statements: Statements,
         sink: ExportSink,
         folder: str,
     ) -> dict[str, Any]:
