@@ -77,8 +77,15 @@ def url(pg_url: str, schema: str) -> str:
 
 @pytest.fixture
 async def driver(pg_url: str, schema: str) -> AsyncIterator[PostgresDriver]:
-    """A migrated PostgreSQL driver on this test's jobs schema, installed for the test."""
+    """A migrated PostgreSQL driver on this test's jobs schema, installed for the test.
+
+    Without the ``wake`` capability: ``run_jobs`` polls, and each of its workers would dial,
+    probe and drop a LISTEN connection; on Python 3.11 a stop landing as that first probe
+    finished was lost and the stop waited for good (jobs-dashboard's hangs under load, left to
+    issue 14 to fix in jobs-pg).
+    """
     opened = await PostgresDriver.connect(pg_url, schema=schema, min_size=1, max_size=4)
+    opened.capabilities = opened.capabilities - {"wake"}
     await opened.migrate()
     with use_driver(opened):
         yield opened
