@@ -14,7 +14,7 @@ from jobs_import_export import encode_records
 def test_csv_parts_carry_the_header_once_the_guard_and_none_apart_from_empty_text() -> None:
     rows = [{"id": 1, "name": "=cmd()", "total": Decimal("-2.50")}, {"id": 2, "name": ""}]
     assert encode_records(["id", "name", "total"], rows, format="csv", header=True) == (
-        b"id,name,total\n1,'=cmd(),-2.50\n2,\"\",\n"
+        b'id,name,total\n1,\'=cmd(),-2.50\n2,"",\n'
     )
     assert encode_records(["id"], rows, format="csv") == b"1\n2\n"
 
