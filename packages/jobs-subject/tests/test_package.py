@@ -144,14 +144,24 @@ def test_the_readmes_example_runs_and_prints_what_it_says(pg_url: str, tmp_path:
     readme = (PACKAGE / "README.md").read_text()
     code = re.search(r"```python\n(.*?)```", readme, re.S)
     promised = re.search(r"It prints:\n\n```\n(.*?)```", readme, re.S)
-    assert code is not None and promised is not None
+    shown = re.search(r"```\n\$ (jobsctl subject plan .*?)\n(.*?)```", readme, re.S)
+    assert code is not None and promised is not None and shown is not None
     (tmp_path / "subject_demo.py").write_text(code.group(1))
     demo = f"d_{uuid.uuid4().hex[:16]}"
+    env = {**os.environ, "JOBS_PG_URL": pg_url, "DEMO_SCHEMA": demo, "COLUMNS": "200"}
     try:
         answer = subprocess.run(
             [sys.executable, "subject_demo.py"],
             cwd=tmp_path,
-            env={**os.environ, "JOBS_PG_URL": pg_url, "DEMO_SCHEMA": demo},
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        planned = subprocess.run(
+            [sys.executable, "-m", "jobs_core", *shown.group(1).split()[1:]],
+            cwd=tmp_path,
+            env=env,
             capture_output=True,
             text=True,
             timeout=120,
@@ -161,3 +171,6 @@ def test_the_readmes_example_runs_and_prints_what_it_says(pg_url: str, tmp_path:
             conn.execute(f'DROP SCHEMA IF EXISTS "{demo}" CASCADE')
     assert answer.returncode == 0, answer.stderr
     assert answer.stdout == promised.group(1)
+    assert planned.returncode == 0, planned.stderr
+    lines = [line.rstrip() for line in planned.stdout.replace(demo, "subject_demo").splitlines()]
+    assert lines == shown.group(2).splitlines()

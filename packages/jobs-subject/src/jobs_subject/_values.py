@@ -48,8 +48,10 @@ def _nested(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_nested(v) for v in value]
     converted = exported(value, "ndjson")
-    if isinstance(converted, Decimal | UUID | date | time):
-        return str(converted) if not isinstance(converted, date | time) else converted.isoformat()
+    if isinstance(converted, date | time):
+        return converted.isoformat()  # JSON text in a CSV cell has no date type
+    if isinstance(converted, Decimal | UUID):
+        return str(converted)
     return converted
 
 
