@@ -183,3 +183,30 @@ async def test_a_csv_export_has_the_header_in_each_tables_first_part_and_guards_
     parts = sorted((tmp_path / "subjects/1/tables/comments").glob("part-*.csv"))
     assert parts[0].read_text().startswith("id,post_id,author_id,parent_id,body,created_at\n")
     assert all(not p.read_text().startswith("id,") for p in parts[1:])
+
+
+def test_database_values_take_their_export_forms() -> None:
+    from datetime import UTC, date, datetime, timedelta, timezone
+    from decimal import Decimal
+    from ipaddress import ip_address
+
+    from jobs_subject._values import exported
+
+    paris = timezone(timedelta(hours=2))
+    assert exported(datetime(2026, 5, 2, 9, 0, tzinfo=paris), "csv") == "2026-05-02T07:00:00+00:00"
+    assert exported(datetime(2026, 5, 2, 9, 0), "csv") == "2026-05-02T09:00:00"  # no instant
+    assert exported(b"\x00\xff", "ndjson") == "AP8="
+    assert exported(memoryview(b"ab"), "csv") == "YWI="
+    assert exported(timedelta(days=1, seconds=90, microseconds=500_000), "csv") == "P1DT90.5S"
+    assert exported(-timedelta(seconds=5), "csv") == "-P0DT5S"
+    assert exported(float("nan"), "ndjson") == "nan" and exported(Decimal("NaN"), "csv") == "NaN"
+    assert exported(ip_address("10.0.0.1"), "csv") == "10.0.0.1"
+    nested = {"at": datetime(2026, 1, 1, tzinfo=UTC), "d": date(2026, 1, 2), "n": [Decimal("1.5")]}
+    assert exported(nested, "ndjson") == {
+        "at": "2026-01-01T00:00:00+00:00",
+        "d": "2026-01-02",
+        "n": ["1.5"],
+    }
+    assert exported(nested, "csv") == (
+        '{"at": "2026-01-01T00:00:00+00:00", "d": "2026-01-02", "n": ["1.5"]}'
+    )
