@@ -383,7 +383,13 @@ def test_a_factory_names_every_bad_field_and_a_second_job_of_one_name_collides(
     problems = caught.value.meta["problems"]
     assert [p.split(":")[0] for p in problems] == ["name", "subject", "key", "format", "sink"]
     subject = define_subject(table="users", key="id", name=_name())
-    subject_erase(name="dup.erase", input=Person, tenant="none", subject=subject, registry=registry)
+    made = [
+        subject_erase(
+            name="dup.erase", input=Person, tenant="none", subject=subject, registry=registry
+        )
+        for _ in range(2)
+    ]
+    assert registry.get("dup.erase") is made[1]  # the same call again is a reload
     with pytest.raises(JobDuplicateError):
         subject_erase(
             name="dup.erase", input=Person, tenant="none", subject=subject, registry=registry

@@ -1,18 +1,15 @@
 """What both factories share: their checks, the job they declare, and calling app functions.
 
-Every job a factory declares has one body function of the factory's own, and the core's job
-registry tells a module reload (which replaces a job) from a second job of the same name
-(``X_JOB_DUPLICATE``) by the body's origin. So each body is stamped with the identity of the
-factory call that made it (:func:`stamp_origin`): two factory calls naming one job collide, the
-same call again (a reload) replaces its own. This is the workaround jobs-import-export uses
-until the core takes the declaring site itself (issue 17's ``job(declared_at=...)``).
+Every job a factory declares has one body function of the factory's own, so each is declared
+with ``job(declared_at=...)``, the factory's caller's ``(file, line)``
+(:func:`jobs_core.job.declaration_site`): two factory calls naming one job collide with
+``X_JOB_DUPLICATE``, and the same call made again (a module reload) replaces its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,15 +21,14 @@ from jobs_core.errors import (
     JobDeclarationInvalidError,
     TenantRequiredError,
 )
+from jobs_core.job import declaration_site
 from jobs_subject._subject import Subject
 
 
-def caller_site() -> str:
-    """Answer ``module:file:line`` of the code that called the factory calling this."""
-    frame = sys._getframe(2)  # caller_site <- subject_export/subject_erase <- declaring code
-    return (
-        f"{frame.f_globals.get('__name__', '__main__')}:{frame.f_code.co_filename}:{frame.f_lineno}"
-    )
+def caller_site() -> tuple[str, int]:
+    """Answer ``(file, line)`` of the code that called the factory calling this."""
+    # declaration_site <- caller_site <- subject_export/subject_erase <- the declaring code
+    return declaration_site(skip=1)
 
 
 def key_reader(input: Any, key: Callable[[Any], Any] | None, problems: list[str]) -> Any:
@@ -65,7 +61,7 @@ def declare(
     options: dict[str, Any],
     problems: list[str],
     run: Callable[[Any, Any, Any], Awaitable[Any]],
-    site: str,
+    site: tuple[str, int],
     registry: JobRegistry | None,
 ) -> JobHandle[Any, Any]:
     """Make the job, or raise every problem of the declaration (the core's included) at once.
@@ -94,11 +90,10 @@ def declare(
     async def body(input: Any, step: Any, ctx: Any) -> Any:
         return await run(input, step, ctx)
 
-    stamp_origin(body, name, site)
     refused: type[JobDeclarationInvalidError | IdempotencyRequiredError | TenantRequiredError]
     refused = JobDeclarationInvalidError
     try:  # the core's own checks, against a registry nothing else sees
-        job(**options, registry=JobRegistry())(body)
+        job(**options, registry=JobRegistry(), declared_at=site)(body)
     except (JobDeclarationInvalidError, IdempotencyRequiredError, TenantRequiredError) as exc:
         refused = type(exc)
         problems = [*exc.meta.get("problems", [exc.message]), *problems]
@@ -108,13 +103,7 @@ def declare(
             job=name,
             problems=problems,
         )
-    return job(**options, registry=registry)(body)
-
-
-def stamp_origin(body: Callable[..., Any], name: object, site: str) -> None:
-    """Give ``body`` the identity of the factory call that made it (see the module docstring)."""
-    body.__module__ = site.split(":", 1)[0]
-    body.__qualname__ = f"{name}@{site}"
+    return job(**options, registry=registry, declared_at=site)(body)
 
 
 async def call(fn: Callable[..., Any], *args: Any) -> Any:

@@ -12,7 +12,6 @@ Subjects are registered by name in the process (:data:`SUBJECTS`), which is how
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from uuid import UUID
 
 from jobs_core import current_driver
 from jobs_core.errors import NotImplementedByDriverError, SubjectDeclarationInvalidError
+from jobs_core.job import declaration_site
 from jobs_pg import PostgresDriver
 from jobs_subject._catalog import read_catalog
 from jobs_subject._plan import Plan, plan_subject, resolve
@@ -259,8 +259,8 @@ def _targets(entries: Sequence[TargetEntry], problems: list[str]) -> tuple[tuple
 
 def _register(subject: Subject) -> None:
     """Register ``subject`` by name; the same call site again (a reload) replaces it."""
-    caller = sys._getframe(2)  # _register <- define_subject <- the declaring code
-    site = (caller.f_code.co_filename, caller.f_lineno)
+    # declaration_site <- _register <- define_subject <- the declaring code
+    site = declaration_site(skip=1)
     held = _SITES.get(subject.name)
     if subject.name in SUBJECTS and held != site:
         where = f"{held[0]}:{held[1]}" if held else "another declaration"
