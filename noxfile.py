@@ -1,11 +1,11 @@
 """The test matrix: lint, typing, each package's tests, and the demo.
 
 ``nox`` runs the default sessions (``nox.options.sessions`` below: lint, typecheck, the core
-tests, then each driver's tests and conformance, jobs-webhooks' and jobs-import-export's tests,
-and ``pg-restart`` last, which restarts the local PostgreSQL server); ``nox -s demo`` runs the
-demo. Each driver package adds a ``conformance-<driver>`` session that runs the jobs-conformance
-suite against its driver (its tests' conftest opts in; ``-m conformance``). Every tool and test
-dependency is pinned once, in ``PINS``, so sessions never disagree.
+tests, then each driver's tests and conformance, the other packages' tests, and ``pg-restart``
+last, which restarts the local PostgreSQL server); ``nox -s demo`` runs the demo. Each driver
+package adds a ``conformance-<driver>`` session that runs the jobs-conformance suite against its
+driver (its tests' conftest opts in; ``-m conformance``). Every tool and test dependency is
+pinned once, in ``PINS``, so sessions never disagree.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ DASHBOARD = "packages/jobs-dashboard"
 # The dashboard's browser tests drive Debian's Chromium: Playwright's own browser download cannot
 # work on a machine that reaches only package registries.
 CHROMIUM = "/usr/bin/chromium"
+SUBJECT = "packages/jobs-subject"
 
 # The OpenTelemetry SDK (with its in-memory exporter) checks the optional tracing; jobs-core
 # itself needs only the API, and only when installed with the ``otel`` extra.
@@ -69,6 +70,7 @@ nox.options.sessions = [
     "tests-webhooks",
     "tests-import-export",
     "tests-dashboard",
+    "tests-subject",
     # Last: it restarts the PostgreSQL server.
     "pg-restart",
 ]
@@ -102,6 +104,7 @@ def typecheck(session: nox.Session) -> None:
     session.install("-e", WEBHOOKS)
     session.install("-e", IMPORT_EXPORT)
     session.install("-e", DASHBOARD)
+    session.install("-e", SUBJECT)
     session.run("mypy")
 
 
@@ -228,6 +231,17 @@ def tests_dashboard(session: nox.Session) -> None:
         env={"JOBS_DASHBOARD_SCREENSHOTS": str(shots)},
     )
     session.log(f"screenshots: {shots}")
+
+
+@nox.session(name="tests-subject", python=PYTHON)
+def tests_subject(session: nox.Session) -> None:
+    """Run jobs-subject's tests on PostgreSQL at 127.0.0.1:5432 (fails if it is down).
+
+    Each test makes its own app and jobs schemas; the SIGKILL tests start ``jobsctl worker``
+    processes on them.
+    """
+    session.install("-e", CORE, "-e", PG, "-e", IMPORT_EXPORT, "-e", SUBJECT, *TEST_DEPS)
+    session.run("pytest", f"{SUBJECT}/tests", "-m", "not slow", "-q", *session.posargs)
 
 
 @nox.session(name="pg-restart", python=PYTHON)

@@ -493,6 +493,41 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "Create the materialized view (and for concurrently=True a unique index on its columns, no WHERE, no expressions).",
         "terminal",
     ),
+    # jobs-subject (packages/jobs-subject): one person's data exported or erased.
+    ErrorCode(
+        "X_SUBJECT_DECLARATION_INVALID",
+        "SubjectDeclarationInvalidError",
+        "A define_subject declaration has missing or bad fields, or its table, key or columns are not in the database (all problems are listed).",
+        "Correct every field named: the subject's table and a unique key of it, columns= naming real columns, batch an int >= 1.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_SUBJECT_TABLE_UNDECLARED",
+        "SubjectTableUndeclaredError",
+        "A table references the subject (through the key path named) and has no declared treatment; no row was touched.",
+        "Add the table to define_subject(tables={...}) as Treatment.DELETE, Treatment.RETAIN('why') or Treatment.ANONYMIZE({...}).",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_SUBJECT_TREATMENT_INVALID",
+        "SubjectTreatmentInvalidError",
+        "A declared treatment cannot apply (a NOT NULL column anonymised to NULL, a kept row under a RESTRICT or CASCADE key, a table that is not reached); no row was touched.",
+        "Change the treatment named: clear the key in ANONYMIZE, make the column nullable, change the key's ON DELETE, or drop the stale entry.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_SUBJECT_CYCLE",
+        "SubjectCycleError",
+        "Tables the erase deletes reference each other in a loop whose closing key cannot be cleared (its columns are NOT NULL); no row was touched.",
+        "Make one key of the loop nullable (the message names it) so the erase can clear it first, or treat a table of the loop other than DELETE.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_SUBJECT_ERASE_BLOCKED",
+        "SubjectEraseBlockedError",
+        "New rows kept referencing the subject's rows while they were erased, so a delete was refused by a foreign key three rounds running.",
+        "Stop the subject's writes first (disable the account); the job retries on its backoff and resumes where it stopped.",
+    ),
 )
 
 _BY_CODE: dict[str, ErrorCode] = {entry.code: entry for entry in ERROR_CODES}
@@ -916,6 +951,36 @@ class RefreshViewInvalidError(JobsError):
     """A refresh_view names no materialized view, or concurrently=True lacks a unique index."""
 
     code = "X_JOB_REFRESH_VIEW_INVALID"
+
+
+class SubjectDeclarationInvalidError(JobsError):
+    """A define_subject declaration is wrong, or its table, key or columns are not in the database."""
+
+    code = "X_SUBJECT_DECLARATION_INVALID"
+
+
+class SubjectTableUndeclaredError(JobsError):
+    """A table references the subject and has no declared treatment (the key path is named)."""
+
+    code = "X_SUBJECT_TABLE_UNDECLARED"
+
+
+class SubjectTreatmentInvalidError(JobsError):
+    """A declared treatment cannot apply to its table as the database defines it."""
+
+    code = "X_SUBJECT_TREATMENT_INVALID"
+
+
+class SubjectCycleError(JobsError):
+    """Deleted tables reference each other in a loop whose closing key cannot be cleared."""
+
+    code = "X_SUBJECT_CYCLE"
+
+
+class SubjectEraseBlockedError(JobsError):
+    """A foreign key kept refusing the erase's deletes (new rows); retried on the backoff."""
+
+    code = "X_SUBJECT_ERASE_BLOCKED"
 
 
 ERROR_CLASSES: dict[str, type[JobsError]] = {cls.code: cls for cls in JobsError.__subclasses__()}

@@ -9,7 +9,8 @@ checkpoint, and memory holds one page, not the file.
 Storage is two small protocols, :class:`ImportSource` (``size``, ``read_range``) and
 :class:`ExportSink` (``put``), with S3 (:func:`s3_source`, :func:`s3_sink`), local directory
 (:func:`local_source`, :func:`local_sink`) and in-memory (:func:`memory_source`,
-:func:`memory_sink`) implementations.
+:func:`memory_sink`) implementations; :func:`encode_records` writes one part's bytes as the
+exports do, for other packages' exports through the same sinks.
 """
 
 from jobs_core.errors import (
@@ -23,6 +24,7 @@ from jobs_core.errors import (
     StorageNotFoundError,
 )
 from jobs_import_export._csv import FORMULA_TRIGGERS
+from jobs_import_export._encode import encode_records
 from jobs_import_export._export import ExportReport, PageReader, export_rows
 from jobs_import_export._import import ErrorSink, ImportReport, import_rows
 from jobs_import_export._import_page import REFUSALS
@@ -54,6 +56,7 @@ __all__ = [
     "StorageKeyInvalidError",
     "StorageNotFoundError",
     "check_key",
+    "encode_records",
     "export_rows",
     "import_rows",
     "local_sink",

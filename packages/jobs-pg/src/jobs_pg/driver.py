@@ -21,7 +21,8 @@ Design notes (the alternatives that were rejected):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -346,6 +347,24 @@ class PostgresDriver:
     def clock(self) -> Clock | None:
         """The injected clock, if any (the worker then measures time on it too)."""
         return self._db.clock
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """Lend one of the pool's connections for the block, for the app's own statements.
+
+        The connection is in autocommit (wrap several statements in ``conn.transaction()``),
+        its session time zone is UTC, and it goes back to the pool when the block ends. This is
+        how a package working on the app's tables through the app's driver reaches the
+        database (jobs-subject's plans, erases and exports) without a pool of its own.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached,
+                the connection broke, or the driver is closed.
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` when the server refused a
+                value (out of range, not valid JSON).
+        """
+        async with self._db.connection() as conn:
+            yield conn
 
     async def migrate(self) -> list[str]:
         """Apply the shipped migrations this schema lacks (safe to call from many pods at once).
