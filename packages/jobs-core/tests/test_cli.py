@@ -231,13 +231,23 @@ def test_worker_prints_code_and_fix_of_a_declaration_error(tmp_path: Path) -> No
     assert "fix: Pass idempotency_key=" in done.stderr
 
 
-def test_worker_refuses_an_unknown_driver_scheme(tiny_app: Path) -> None:
-    done = _jobs("worker", "tinyapp", "--driver", "nosuch://host", cwd=tiny_app)
+def test_an_unknown_url_scheme_names_the_extra_of_every_known_scheme(tiny_app: Path) -> None:
+    """The fix names each known scheme's install, not only Postgres's; no password is shown."""
+    served = _jobs("worker", "tinyapp", "--driver", "nosuch://host", cwd=tiny_app)
+    listed = _jobs("ls", "--driver", "mysql://app:hunter2@db/app")
 
-    assert done.returncode == 2
-    assert "X_DRIVER_UNKNOWN" in done.stderr
-    assert "nosuch://" in done.stderr
-    assert "fix:" in done.stderr
+    for done, scheme in ((served, "nosuch://"), (listed, "mysql://")):
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith("error X_DRIVER_UNKNOWN"), done.stderr
+        assert f"no driver for '{scheme}'" in done.stderr
+        assert "the drivers installed are memory" in done.stderr
+        fix = done.stderr.split("fix: ", 1)[1]
+        for named in ("'jobs-core[pg]' for postgresql://", "'jobs-core[redis]' for redis://"):
+            assert named in fix, fix
+        assert "memory:// is built in" in fix
+        assert "Traceback" not in done.stderr
+    assert "hunter2" not in listed.stderr
+    assert "mysql://app:***@db/app" in listed.stderr
 
 
 def test_worker_refuses_a_bad_duration_option(tiny_app: Path) -> None:

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.text import Text
 
 from jobs_core import REGISTRY, JobDriver, JobsError, Worker, install_driver, open_driver
-from jobs_core.driver import Migratable, OutboxStore, capability
+from jobs_core.driver import Migratable, OutboxStore, capability, preflight, redact_url
 from jobs_core.errors import JobOptionsInvalidError, NotImplementedByDriverError
 from jobs_core.metrics import JobsMetrics, MetricsServer
 from jobs_core.outbox import Relay, installed_outbox
@@ -204,7 +204,7 @@ def _open(url: str) -> JobDriver:
     try:
         return open_driver(url)
     except JobsError as exc:
-        _exit_with(exc, f"cannot open the driver {url!r}")
+        _exit_with(exc, f"cannot open the driver {redact_url(url)!r}")
 
 
 def _queue_list(queues: str | None) -> list[str]:
@@ -275,6 +275,8 @@ async def _serve(
     built: Sequence[_Role] = ()
     server: MetricsServer | None = None
     try:
+        # Before the banner: a worker that cannot serve (schema not migrated) says so and exits.
+        await preflight(driver)
         built = roles(driver) if roles is not None else ()
         metrics = JobsMetrics() if metrics_port is not None else None
         worker = Worker(
@@ -531,6 +533,7 @@ async def _serve_scheduler(driver: JobDriver, *, tick: str, leader_ttl: str) -> 
     loop = asyncio.get_running_loop()
     handled = False
     try:
+        await preflight(driver)
         runner = Scheduler(driver, tick=tick, leader_ttl=leader_ttl)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, runner.request_stop)
@@ -664,6 +667,7 @@ async def _serve_relay(
     loop = asyncio.get_running_loop()
     handled = False
     try:
+        await preflight(driver)
         relay = Relay(
             store,
             driver,
@@ -853,8 +857,10 @@ def create_app(*, plugins: bool = True, driver: JobDriver | None = None) -> type
     app.command("relay")(relay)
     # Imported here: the operator module builds on this one's helpers.
     from jobs_core._cli_backfill import add_backfill_commands
+    from jobs_core._cli_enqueue import add_enqueue_command
     from jobs_core._cli_operator import add_operator_commands
 
+    add_enqueue_command(app, driver=driver)
     add_operator_commands(app, driver=driver)
     add_backfill_commands(app, driver=driver)
     if plugins:
