@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import os
 import re
@@ -14,10 +16,10 @@ from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 from typer.testing import CliRunner
 
 from jobs_core import cli
+from jobs_core.logs import LineHandler, LogFormat
 
 JOBS = [sys.executable, "-m", "jobs_core.cli"]
 
@@ -309,25 +311,56 @@ def test_broken_plugin_does_not_stop_the_builtin_commands(plugins: None) -> None
     assert "--visibility-timeout" in done.output
 
 
-def test_log_handler_renders_the_event_and_its_fields() -> None:
-    console = Console(record=True, width=200, no_color=True)
-    handler = cli.RichLogHandler(console)
+def _record(**fields: object) -> logging.LogRecord:
     record = logging.LogRecord(
         "jobs.worker", logging.ERROR, __file__, 1, "jobs.lease.lost", None, None
     )
-    record.__dict__.update(
-        {
-            "event": "jobs.lease.lost",
-            "job": "shop.checkout",
-            "queues": ["a", "b"],
-            "note": "two words",
-        }
+    record.__dict__.update(fields)
+    return record
+
+
+def test_log_lines_show_the_event_and_its_fields_as_text_or_json() -> None:
+    fields = {"event": "jobs.lease.lost", "job": "shop.checkout", "queues": ["a", "b"]}
+    record = _record(**fields, note="two words", ids={"run": "r1"})
+
+    text = LineHandler(io.StringIO(), LogFormat.TEXT, color=False).render(record)
+    line = json.loads(LineHandler(io.StringIO(), LogFormat.JSON).render(record))
+
+    assert re.fullmatch(
+        r"\d\d:\d\d:\d\d\.\d{3} ERROR   jobs\.lease\.lost job=shop\.checkout queues=a,b "
+        r"note='two words' ids=\{\"run\":\"r1\"\}",
+        text,
+    ), text
+    assert line["level"] == "error" and line["event"] == "jobs.lease.lost"
+    assert line["logger"] == "jobs.worker" and line["ts"].endswith("Z")
+    assert (line["job"], line["queues"], line["note"]) == ("shop.checkout", ["a", "b"], "two words")
+    assert "message" not in line  # the message is the event
+    colored = LineHandler(io.StringIO(), LogFormat.TEXT, color=True).render(record)
+    assert "\x1b[1;36mjobs.lease.lost\x1b[0m" in colored
+
+
+def test_a_worker_logs_json_lines_with_log_format_json(tiny_app: Path) -> None:
+    proc = subprocess.Popen(
+        [*JOBS, "worker", "tinyapp", "--driver", "memory://", "--log-format", "json"],
+        cwd=tiny_app,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+    try:
+        _wait_for([tiny_app / "note.txt", tiny_app / "started.txt"], proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
-    line = handler.render(record).plain
-
-    assert "ERROR" in line
-    assert "jobs.lease.lost" in line
-    assert "job=shop.checkout" in line
-    assert "queues=a,b" in line
-    assert "note='two words'" in line
+    assert proc.returncode == 0, err
+    lines = [json.loads(line) for line in err.splitlines()]
+    events = [line["event"] for line in lines]
+    assert events[0] == "jobs.worker.started" and events[-1] == "jobs.worker.stopped"
+    settled = [line for line in lines if line["event"] == "jobs.attempt.settled"]
+    outcomes = {line["job"]: line["outcome"] for line in settled}
+    assert outcomes == {"tinyapp.write_note": "completed", "tinyapp.block": "interrupted"}

@@ -7,25 +7,22 @@ CLI starts, not when this module is imported, each on its own: one that fails to
 becomes a command of its name that explains the failure and exits 2, so a broken plugin never
 takes ``jobsctl worker`` down with it.
 
-Logs go to stderr through :class:`RichLogHandler`, one readable line per record, showing the
-structured fields the library attaches (``extra={"event": "jobs.…", ...}``). Errors the user can
-fix (an APP that does not import, a ``JobsError``) are printed with their code and fix, and exit
-with status 2.
+Logs go to stderr through :class:`~jobs_core.logs.LineHandler`, one line per record (``--log-format
+text``, the default, or ``json``), showing the structured fields the library attaches
+(``extra={"event": "jobs.…", ...}``). Errors the user can fix (an APP that does not import, a
+``JobsError``) are printed with their code and fix, and exit with status 2.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
-import json
 import logging
 import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
-from enum import StrEnum
+from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, entry_points
 from typing import Annotated, Any, NoReturn, Protocol
 
@@ -36,6 +33,7 @@ from rich.text import Text
 from jobs_core import REGISTRY, JobDriver, JobsError, Worker, install_driver, open_driver
 from jobs_core.driver import Migratable, OutboxStore, capability, preflight, redact_url
 from jobs_core.errors import JobOptionsInvalidError, NotImplementedByDriverError
+from jobs_core.logs import LogFormat, LogLevel, configure_logging
 from jobs_core.metrics import JobsMetrics, MetricsServer
 from jobs_core.outbox import Relay, installed_outbox
 from jobs_core.scheduler import Scheduler
@@ -46,103 +44,6 @@ ENTRY_POINT_GROUP = "jobs.cli"
 
 EXIT_USAGE = 2
 """The exit status for an error the user can fix (bad APP, bad option, unknown driver, ...)."""
-
-_LEVEL_STYLES = {
-    logging.DEBUG: "dim",
-    logging.INFO: "green",
-    logging.WARNING: "yellow",
-    logging.ERROR: "bold red",
-    logging.CRITICAL: "bold white on red",
-}
-
-# Attributes every LogRecord has; anything else on a record came from ``extra=``.
-_RECORD_ATTRIBUTES = frozenset(
-    logging.LogRecord("", logging.INFO, "", 0, "", None, None).__dict__
-) | {"message", "asctime", "taskName"}
-
-
-class LogLevel(StrEnum):
-    """The ``--log-level`` choices."""
-
-    DEBUG = "debug"
-    INFO = "info"
-    WARNING = "warning"
-    ERROR = "error"
-
-
-class RichLogHandler(logging.Handler):
-    """Render each log record as one readable line on a rich console.
-
-    The library logs structured records whose message is an event name (``jobs.lease.lost``)
-    and whose ``extra=`` fields say what it concerns. A line shows the local time, the level, the
-    event (or the logger and message for other records) and every extra field as ``key=value``;
-    a record's exception follows as a traceback.
-
-    Args:
-        console: where the lines go (stderr in the CLI).
-        level: the least severe level shown.
-    """
-
-    def __init__(self, console: Console, level: int = logging.NOTSET) -> None:
-        super().__init__(level)
-        self.console = console
-
-    def emit(self, record: logging.LogRecord) -> None:
-        """Print ``record`` (and its traceback, if it carries one)."""
-        try:
-            self.console.print(self.render(record), soft_wrap=True, highlight=False)
-            if record.exc_info is not None:
-                self.console.print(
-                    Text("".join(traceback.format_exception(*record.exc_info)), "dim"),
-                    soft_wrap=True,
-                    highlight=False,
-                )
-        except Exception:
-            self.handleError(record)
-
-    def render(self, record: logging.LogRecord) -> Text:
-        """Answer the line for ``record``: time, level, event or message, extra fields."""
-        at = datetime.fromtimestamp(record.created).strftime("%H:%M:%S.%f")[:-3]
-        level_style = _LEVEL_STYLES.get(record.levelno, "")
-        line = Text.assemble((at, "dim"), " ", (f"{record.levelname:<7}", level_style), " ")
-        fields = {k: v for k, v in record.__dict__.items() if k not in _RECORD_ATTRIBUTES}
-        event = fields.pop("event", None)
-        message = record.getMessage()
-        if event is not None:
-            line.append(str(event), "bold cyan")
-            if message != event:
-                line.append(f" {message}")
-        else:
-            line.append(f"{record.name}: ", "cyan")
-            line.append(message)
-        for key, value in fields.items():
-            line.append(f" {key}=", "dim")
-            line.append(_field_text(value))
-        return line
-
-
-def _field_text(value: object) -> str:
-    if isinstance(value, Mapping):
-        return json.dumps(value, separators=(",", ":"), default=str)
-    if isinstance(value, list | tuple | set | frozenset):
-        return ",".join(str(item) for item in value)
-    text = str(value)
-    return repr(text) if not text or any(ch.isspace() for ch in text) else text
-
-
-def configure_logging(level: LogLevel, console: Console) -> None:
-    """Send every log record at ``level`` or above to ``console`` through :class:`RichLogHandler`.
-
-    Replaces the handlers a previous call installed, so calling it twice does not print twice.
-    """
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        if isinstance(handler, RichLogHandler):
-            root.removeHandler(handler)
-    numeric = logging.getLevelNamesMapping()[level.value.upper()]
-    root.addHandler(RichLogHandler(console, numeric))
-    root.setLevel(numeric)
-
 
 _log = logging.getLogger("jobs.cli")
 _stderr = Console(stderr=True)
@@ -366,6 +267,7 @@ def _run_worker(
     visibility_timeout: str,
     drain_timeout: str,
     log_level: LogLevel,
+    log_format: LogFormat,
     roles: Callable[[JobDriver], Sequence[_Role]] | None = None,
     **serve_options: Any,
 ) -> None:
@@ -373,7 +275,7 @@ def _run_worker(
 
     ``serve_options`` go to :func:`_serve` (``metrics_port``, ``metrics_host``, ``build``).
     """
-    configure_logging(log_level, _stderr)
+    configure_logging(log_level, log_format)
     driver = _open(driver_url)
     # Installed before the APPs are imported, so code that enqueues at import time has a driver.
     install_driver(driver)
@@ -439,6 +341,14 @@ LogLevelOption = Annotated[
     LogLevel,
     typer.Option("--log-level", help="The least severe log records shown (on stderr)."),
 ]
+LogFormatOption = Annotated[
+    LogFormat,
+    typer.Option(
+        "--log-format",
+        envvar="JOBS_LOG_FORMAT",
+        help="Log lines as readable text or as JSON objects, one a line (for a log collector).",
+    ),
+]
 
 
 def worker(
@@ -457,6 +367,7 @@ def worker(
     visibility_timeout: VisibilityOption = "30s",
     drain_timeout: DrainOption = "25s",
     log_level: LogLevelOption = LogLevel.INFO,
+    log_format: LogFormatOption = LogFormat.TEXT,
     metrics_port: Annotated[
         int | None,
         typer.Option(
@@ -489,6 +400,7 @@ def worker(
         visibility_timeout,
         drain_timeout,
         log_level,
+        log_format,
         metrics_port=metrics_port,
         metrics_host=metrics_bind,
         build=build,
@@ -505,6 +417,7 @@ def dev(
     visibility_timeout: VisibilityOption = "30s",
     drain_timeout: DrainOption = "25s",
     log_level: LogLevelOption = LogLevel.INFO,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Run a worker for APP, and the scheduler for its tasks, on an in-memory driver.
 
@@ -519,6 +432,7 @@ def dev(
         visibility_timeout,
         drain_timeout,
         log_level,
+        log_format,
         roles=_dev_roles,
     )
 
@@ -584,12 +498,13 @@ def scheduler(
         ),
     ] = "30s",
     log_level: LogLevelOption = LogLevel.INFO,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Fire the cron tasks APP declares until SIGTERM or SIGINT.
 
     Run as many as you like: one leads at a time, and each occurrence fires once.
     """
-    configure_logging(log_level, _stderr)
+    configure_logging(log_level, log_format)
     opened = _open(driver)
     install_driver(opened)
     try:
@@ -621,6 +536,7 @@ def demo(
         str, typer.Option("--driver", help="The driver URL the demo runs on.")
     ] = "memory://",
     log_level: LogLevelOption = LogLevel.WARNING,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Run the guided demo: a shop's jobs on a real worker, narrated and checked (~3 s).
 
@@ -628,7 +544,7 @@ def demo(
     """
     from jobs_core.demo.run import run_demo
 
-    configure_logging(log_level, _stderr)
+    configure_logging(log_level, log_format)
     opened = _open(driver)
     console = Console()
     if not console.is_terminal and "COLUMNS" not in os.environ:
@@ -741,6 +657,7 @@ def relay(
         ),
     ] = True,
     log_level: LogLevelOption = LogLevel.INFO,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Publish committed outbox rows to the driver until SIGTERM or SIGINT.
 
@@ -748,7 +665,7 @@ def relay(
     two relays (or restarting one mid-batch) never makes a second job. The memory driver's outbox
     is in-process only: this command refuses memory://.
     """
-    configure_logging(log_level, _stderr)
+    configure_logging(log_level, log_format)
     opened = _open(driver)
     store = capability(opened, "outbox")
     # A memory outbox lives in the process that staged into it: a relay process of its own would
