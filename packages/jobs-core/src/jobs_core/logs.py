@@ -146,12 +146,14 @@ class LineHandler(logging.Handler):
                 self.stream.write(line)
                 return
             with self._waiting:
-                self._pending.append(line)
+                pending = self._pending
+                pending.append(line)
                 self._pending_size += len(line)
                 urgent = record.levelno >= logging.WARNING or self._pending_size >= _FLUSH_SIZE
                 if not urgent:
-                    self._start_flusher()
-                    self._waiting.notify()
+                    if len(pending) == 1:  # the flusher waits only while nothing is pending
+                        self._start_flusher()
+                        self._waiting.notify()
                     return
                 lines = self._take()
             self.stream.write(lines)
