@@ -4,9 +4,9 @@ The library logs structured records whose message is an event name (``jobs.attem
 and whose ``extra=`` fields say what it concerns; at INFO a worker writes one per job.
 :class:`LineHandler` turns each into one line on a stream with no more work than the line needs:
 
-- ``text``: ``20:41:07.123 INFO    jobs.attempt.settled job=shop.checkout outcome=completed``,
-  the level and event coloured (ANSI) only when the stream is a terminal and ``NO_COLOR`` is
-  unset;
+- ``text``: ``20:41:07.123 INFO    jobs.attempt.settled job=shop.checkout outcome=completed``
+  (fields that are ``None`` left out), the level and event coloured (ANSI) only when the stream
+  is a terminal and ``NO_COLOR`` is unset;
 - ``json``: one object per line (``ts`` in UTC ISO 8601, ``level``, ``logger``, ``event``, the
   fields, ``exc`` for a traceback), for a log collector.
 
@@ -226,8 +226,10 @@ class LineHandler(logging.Handler):
             if kind is str:
                 quiet = value and " " not in value and "\n" not in value and "\t" not in value
                 parts.append(f"{key}={value}" if quiet else f"{key}={value!r}")
-            elif kind in _PLAIN or value is None:
+            elif kind in _PLAIN:
                 parts.append(f"{key}={value}")
+            elif value is None:  # an unset field (no error on a completed attempt): left out
+                continue
             else:
                 parts.append(f"{key}={_field_text(value)}")
         line = " ".join(parts)
