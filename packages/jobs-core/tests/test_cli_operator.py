@@ -1,4 +1,4 @@
-"""The operator commands of ``jobs``: in process with typer's runner on an injected memory
+"""The operator commands of ``jobsctl``: in process with typer's runner on an injected memory
 driver, then as real subprocesses (a session over driver URLs, manifest with an installed
 factory, and a worker serving metrics)."""
 
@@ -591,7 +591,7 @@ def test_a_cli_session_in_separate_processes(
 
     def jobs(*args: str, status: int = 0) -> Any:
         done = _jobs(*args, cwd=tmp_path, env=env)
-        assert done.returncode == status, f"jobs {' '.join(args)}: {done.stdout}{done.stderr}"
+        assert done.returncode == status, f"jobsctl {' '.join(args)}: {done.stdout}{done.stderr}"
         return json.loads(done.stdout) if status == 0 and "--json" in args else done
 
     listed = jobs("ls", "--queue", queue, "--json", *rows)

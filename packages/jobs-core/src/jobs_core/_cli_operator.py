@@ -1,4 +1,4 @@
-"""The operator commands of ``jobs``: the CLI face of :mod:`jobs_core.introspect`.
+"""The operator commands of ``jobsctl``: the CLI face of :mod:`jobs_core.introspect`.
 
 ``ls``, ``show``, ``retry``, ``cancel``, ``rm``, ``promote``, ``dead``, ``stats``, ``workers``,
 ``pause``, ``resume``, ``tasks``, ``resolve-step`` and ``manifest``.
@@ -414,7 +414,7 @@ def add_operator_commands(app: typer.Typer, *, driver: JobDriver | None = None) 
     """Add the operator commands to ``app``.
 
     Args:
-        app: the ``jobs`` typer app.
+        app: the ``jobsctl`` typer app.
         driver: a driver every command uses instead of opening ``--driver`` (an embedding
             application's, or a test's); it is installed for ``--app`` imports and never
             closed here.
