@@ -206,6 +206,14 @@ def test_worker_names_an_app_that_does_not_import(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "'no_such_app.jobs' is not an importable module" in done.stderr
     assert "ModuleNotFoundError" in done.stderr
+    assert "fix: pass the dotted module path" in done.stderr
+
+
+def test_worker_given_a_file_names_the_module_to_pass(tiny_app: Path) -> None:
+    done = _jobs("worker", "tinyapp.py", "--driver", "memory://", cwd=tiny_app)
+
+    assert done.returncode == 2
+    assert "fix: APP is a module path, not a file: pass 'tinyapp'" in done.stderr
 
 
 def test_worker_shows_where_an_app_raised_on_import(tmp_path: Path) -> None:

@@ -67,6 +67,8 @@ def _exit_with(
         _stderr.print(Text.assemble(("error", "bold red"), f": {heading}"), soft_wrap=True)
         detail = _app_traceback(error) if trace else f"{type(error).__name__}: {error}"
         _stderr.print(Text(detail.rstrip()), soft_wrap=True)
+        if fix:
+            _stderr.print(Text.assemble(("fix: ", "bold"), fix), soft_wrap=True)
     raise typer.Exit(EXIT_USAGE)
 
 
@@ -95,7 +97,15 @@ def _import_apps(apps: list[str]) -> None:
                 exc.name == app or app.startswith(f"{exc.name}.")
             )
             if missing:
-                _exit_with(exc, f"APP {app!r} is not an importable module (searched from {cwd})")
+                module = app.removesuffix(".py").replace(os.sep, ".").strip(".")
+                _exit_with(
+                    exc,
+                    f"APP {app!r} is not an importable module (searched from {cwd})",
+                    fix=f"APP is a module path, not a file: pass {module!r}"
+                    if app.endswith(".py")
+                    else "pass the dotted module path (package.module) that declares the jobs, "
+                    "run from the directory it is importable from",
+                )
             # The module exists but raised while importing: show where.
             _exit_with(exc, f"importing APP {app!r} failed", trace=True)
 
