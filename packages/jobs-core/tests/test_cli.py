@@ -167,10 +167,10 @@ def _wait_for(paths: list[Path], proc: subprocess.Popen[str], budget: float = 15
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("command", ["worker", "dev"])
-def test_worker_runs_app_jobs_and_drains_on_sigterm(tiny_app: Path, command: str) -> None:
+def _serve_tiny_app_then_sigterm(tiny_app: Path, *args: str) -> tuple[int, str]:
+    """Run ``jobsctl ARGS`` on tiny_app until both its jobs ran, SIGTERM it; answer (rc, stderr)."""
     proc = subprocess.Popen(
-        [*JOBS, command, "tinyapp", "--driver", "memory://", "--drain-timeout", "5s"],
+        [*JOBS, *args],
         cwd=tiny_app,
         env=_env(),
         stdout=subprocess.PIPE,
@@ -185,8 +185,16 @@ def test_worker_runs_app_jobs_and_drains_on_sigterm(tiny_app: Path, command: str
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+    return proc.returncode, err
 
-    assert proc.returncode == 0, err
+
+@pytest.mark.parametrize("command", ["worker", "dev"])
+def test_worker_runs_app_jobs_and_drains_on_sigterm(tiny_app: Path, command: str) -> None:
+    code, err = _serve_tiny_app_then_sigterm(
+        tiny_app, command, "tinyapp", "--driver", "memory://", "--drain-timeout", "5s"
+    )
+
+    assert code == 0, err
     assert (tiny_app / "note.txt").read_text() == "hello"
     assert "jobs.worker.started" in err
     assert "queues=default,slow" in err
@@ -348,24 +356,11 @@ def test_log_lines_show_the_event_and_its_fields_as_text_or_json() -> None:
 
 
 def test_a_worker_logs_json_lines_with_log_format_json(tiny_app: Path) -> None:
-    proc = subprocess.Popen(
-        [*JOBS, "worker", "tinyapp", "--driver", "memory://", "--log-format", "json"],
-        cwd=tiny_app,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    code, err = _serve_tiny_app_then_sigterm(
+        tiny_app, "worker", "tinyapp", "--driver", "memory://", "--log-format", "json"
     )
-    try:
-        _wait_for([tiny_app / "note.txt", tiny_app / "started.txt"], proc)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
-    assert proc.returncode == 0, err
+    assert code == 0, err
     lines = [json.loads(line) for line in err.splitlines()]
     events = [line["event"] for line in lines]
     assert events[0] == "jobs.worker.started" and events[-1] == "jobs.worker.stopped"
