@@ -15,12 +15,21 @@ from typing import Annotated, Any
 
 import typer
 
-from jobs_core._cli_operator import AppOption, DriverOption, JsonOption, _console, _print_json
+from jobs_core._cli_operator import DriverOption, JsonOption, _console, _print_json
 from jobs_core._cli_operator import _Session as Session
 from jobs_core.driver import JobDriver
 from jobs_core.errors import JobOptionsInvalidError, JobUnknownError
 from jobs_core.job import REGISTRY
 from jobs_core.types import EnqueueResult
+
+DeclaringApps = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--app",
+        help="The module that declares job NAME (repeatable; the current directory first).",
+        show_default=False,
+    ),
+]
 
 
 def _input_value(text: str) -> Any:
@@ -108,7 +117,7 @@ def add_enqueue_command(app: typer.Typer, *, driver: JobDriver | None = None) ->
         ] = None,
         as_json_output: JsonOption = False,
         driver_url: DriverOption = None,
-        apps: AppOption = None,
+        apps: DeclaringApps = None,
     ) -> None:
         """Queue one run of job NAME, declared in --app, and print its ids.
 
