@@ -81,7 +81,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-ALL_FIGURES = ("enqueue-single", "enqueue-batch", "processing", "durable", "pickup")
+ALL_FIGURES = ("enqueue-single", "enqueue-batch", "processing", "durable", "pickup", "log-cost")
 
 
 def main(argv: list[str]) -> int:
@@ -188,6 +188,7 @@ def _figures(
         "processing": lambda d: suite.ours_drain(d, "noop", sizes.processing, conc),
         "durable": lambda d: suite.ours_drain(d, "three", sizes.durable, conc),
         "pickup": lambda d: suite.ours_pickup(d, sizes, conc),
+        "log-cost": lambda d: suite.ours_log_cost(d, sizes, conc),
     }
     try:
         for rep in range(args.repeat):

@@ -9,6 +9,7 @@ import asyncio
 import importlib
 import inspect
 import json
+import logging
 import os
 import sys
 import traceback
@@ -58,6 +59,7 @@ def main(argv: list[str]) -> None:
         code = 1
     else:
         code = 0
+    logging.shutdown()  # a log handler's batched lines (jobs_core.logs), before _exit
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

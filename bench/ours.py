@@ -117,6 +117,24 @@ def _quiet() -> None:
     logging.basicConfig(level=logging.WARNING)
 
 
+def _logs(log: str | None) -> None:
+    """Configure this process's logging: :func:`_quiet`, or as ``jobsctl worker`` does.
+
+    ``log`` is ``None``, or ``"warning"``, ``"text"`` (the CLI's default: info, text lines) or
+    ``"json"`` (info, ``--log-format json``), through the CLI's own ``configure_logging``, the
+    lines going to this child's stderr (a pipe the orchestrator drains, as a log collector would).
+    """
+    if log is None:
+        _quiet()
+        return
+    from jobs_core.logs import configure_logging
+
+    if log == "warning":
+        configure_logging("warning", "text")
+    else:
+        configure_logging("info", log)
+
+
 async def open_ours(url: str) -> JobDriver:
     """Open our driver for ``url`` (its schema was applied by :func:`migrate`)."""
     return open_driver(url)
@@ -206,14 +224,17 @@ async def fill_only(url: str, which: str, n: int) -> dict[str, Any]:
     return {"value": n / seconds, "unit": "jobs/s", "n": n}
 
 
-async def drain(url: str, which: str, n: int, concurrency: int, fill_here: bool) -> dict[str, Any]:
+async def drain(
+    url: str, which: str, n: int, concurrency: int, fill_here: bool, log: str | None = None
+) -> dict[str, Any]:
     """Run one worker until ``n`` bench rows are ``done`` in the backend.
 
     The rate is ``n`` over the time from the first body's first line to the poll that saw the
     last row ``done``. The backend is polled loosely until this process's bodies ran ``n`` times,
-    then every millisecond, so the poll neither loads the worker nor adds its interval.
+    then every millisecond, so the poll neither loads the worker nor adds its interval. ``log``
+    configures logging as the CLI does (see :func:`_logs`); by default it is quiet.
     """
-    _quiet()
+    _logs(log)
     driver = await open_ours(url)
     if fill_here:  # the memory driver lives in this process: it must be filled here
         await fill(driver, which, n)

@@ -23,7 +23,11 @@ FIGURES = [
     ("commits-per-run", "pg commits per 3-step run, worker side (lower is better)"),
     ("trips-per-job", "redis round trips per no-op job, worker side (lower is better)"),
     ("trips-per-run", "redis round trips per 3-step run, worker side (lower is better)"),
+    ("log-cost", "no-op drain at the CLI's default log level (info, text) / at warning"),
+    ("log-cost-json", "no-op drain at info with --log-format json / at warning"),
 ]
+RATIOS = {"log-cost", "log-cost-json"}
+"""Rows whose figure is a ratio within one system (1.00: the log lines cost nothing)."""
 OURS = ("memory", "pg", "redis")
 FLOORS = [
     ("pg-serial", "psycopg INSERT + UPDATE per job, autocommit", "pg"),
@@ -45,6 +49,7 @@ PER_JOB = [
     ("durable", "commits-per-run", "commits_per_job"),
     ("processing", "trips-per-job", "round_trips_per_job"),
     ("durable", "trips-per-run", "round_trips_per_job"),
+    ("log-cost", "log-cost-json", "json"),
 ]
 
 
@@ -88,7 +93,7 @@ def _fmt(results: Results, figure: str, system: str) -> str:
     value = entry.value()
     if value is None:
         return ""
-    return f"{value:.2f}" if figure in LOWER_IS_BETTER else f"{value:,.0f}"
+    return f"{value:.2f}" if figure in LOWER_IS_BETTER | RATIOS else f"{value:,.0f}"
 
 
 def _key(results: Results, figure: str, system: str) -> float | None:

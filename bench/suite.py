@@ -122,6 +122,9 @@ class Results:
                 f"{int(k):,}: {v['rss_kib'] / 1024:,.0f} MiB"
                 for k, v in sorted(result["checkpoints"].items(), key=lambda kv: int(kv[0]))
             )
+        elif result.get("unit") == "ratio":
+            rates = ", ".join(f"{k} {v:,.0f}" for k, v in result.get("rates", {}).items())
+            shown = f"{result['value']:.2f} ({rates} jobs/s)"
         else:
             shown = f"{result.get('value', 0):,.0f} {result.get('unit', '')}"
         took = time.monotonic() - started
@@ -157,21 +160,48 @@ def ours_enqueue_many(driver: str, sizes: Sizes) -> dict[str, Any]:
     )
 
 
-def ours_drain(driver: str, which: str, n: int, concurrency: int) -> dict[str, Any]:
-    """Fill ``n`` rows (another process, except on memory) then drain them with one worker."""
+def ours_drain(
+    driver: str, which: str, n: int, concurrency: int, log: str | None = None
+) -> dict[str, Any]:
+    """Fill ``n`` rows (another process, except on memory) then drain them with one worker.
+
+    ``log``: the worker's logging, as ``jobsctl worker`` sets it up (``"warning"``, ``"text"``
+    or ``"json"``); quiet by default.
+    """
     url = ours_url(driver)
     in_process = driver == "memory"
     if not in_process:
         run_child("ours-fill", {"url": url, "which": which, "n": n})
     before = pg_commits(OURS_DB) if driver == "pg" else 0
-    result = run_child(
-        "ours-drain",
-        {"url": url, "which": which, "n": n, "concurrency": concurrency, "fill_here": in_process},
-    )
+    args = {"url": url, "which": which, "n": n, "concurrency": concurrency, "fill_here": in_process}
+    result = run_child("ours-drain", args | ({} if log is None else {"log": log}))
     if driver == "pg":
         # The worker's own commits (its count polls included: a few dozen over the run).
         result["commits_per_job"] = (pg_commits(OURS_DB) - before) / n
     return result
+
+
+LOG_MODES = ("warning", "text", "json")
+"""The worker logging the log-cost figure compares, in the order each repeat drains them."""
+
+
+def ours_log_cost(driver: str, sizes: Sizes, concurrency: int) -> dict[str, Any]:
+    """Answer the no-op drain rate with per-job log lines as a share of it at ``warning``.
+
+    The lines are the CLI's default (info, one text line a job) and ``--log-format json``. The
+    three drains run back to back in one repeat (a slow minute of the machine hits them
+    alike); a value of 1.00 means the lines cost nothing, 0.85 a 15% loss.
+    """
+    rates = {
+        mode: ours_drain(driver, "noop", sizes.processing, concurrency, log=mode)["value"]
+        for mode in LOG_MODES
+    }
+    return {
+        "value": rates["text"] / rates["warning"],
+        "json": rates["json"] / rates["warning"],
+        "rates": rates,
+        "unit": "ratio",
+    }
 
 
 def ours_pickup(driver: str, sizes: Sizes, concurrency: int) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import os
 import re
@@ -14,10 +16,10 @@ from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 from typer.testing import CliRunner
 
 from jobs_core import cli
+from jobs_core.logs import LineHandler, LogFormat
 
 JOBS = [sys.executable, "-m", "jobs_core.cli"]
 
@@ -165,10 +167,10 @@ def _wait_for(paths: list[Path], proc: subprocess.Popen[str], budget: float = 15
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("command", ["worker", "dev"])
-def test_worker_runs_app_jobs_and_drains_on_sigterm(tiny_app: Path, command: str) -> None:
+def _serve_tiny_app_then_sigterm(tiny_app: Path, *args: str) -> tuple[int, str]:
+    """Run ``jobsctl ARGS`` on tiny_app until both its jobs ran, SIGTERM it; answer (rc, stderr)."""
     proc = subprocess.Popen(
-        [*JOBS, command, "tinyapp", "--driver", "memory://", "--drain-timeout", "5s"],
+        [*JOBS, *args],
         cwd=tiny_app,
         env=_env(),
         stdout=subprocess.PIPE,
@@ -183,8 +185,16 @@ def test_worker_runs_app_jobs_and_drains_on_sigterm(tiny_app: Path, command: str
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+    return proc.returncode, err
 
-    assert proc.returncode == 0, err
+
+@pytest.mark.parametrize("command", ["worker", "dev"])
+def test_worker_runs_app_jobs_and_drains_on_sigterm(tiny_app: Path, command: str) -> None:
+    code, err = _serve_tiny_app_then_sigterm(
+        tiny_app, command, "tinyapp", "--driver", "memory://", "--drain-timeout", "5s"
+    )
+
+    assert code == 0, err
     assert (tiny_app / "note.txt").read_text() == "hello"
     assert "jobs.worker.started" in err
     assert "queues=default,slow" in err
@@ -204,6 +214,14 @@ def test_worker_names_an_app_that_does_not_import(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "'no_such_app.jobs' is not an importable module" in done.stderr
     assert "ModuleNotFoundError" in done.stderr
+    assert "fix: pass the dotted module path" in done.stderr
+
+
+def test_worker_given_a_file_names_the_module_to_pass(tiny_app: Path) -> None:
+    done = _jobs("worker", "tinyapp.py", "--driver", "memory://", cwd=tiny_app)
+
+    assert done.returncode == 2
+    assert "fix: APP is a module path, not a file: pass 'tinyapp'" in done.stderr
 
 
 def test_worker_shows_where_an_app_raised_on_import(tmp_path: Path) -> None:
@@ -231,13 +249,23 @@ def test_worker_prints_code_and_fix_of_a_declaration_error(tmp_path: Path) -> No
     assert "fix: Pass idempotency_key=" in done.stderr
 
 
-def test_worker_refuses_an_unknown_driver_scheme(tiny_app: Path) -> None:
-    done = _jobs("worker", "tinyapp", "--driver", "nosuch://host", cwd=tiny_app)
+def test_an_unknown_url_scheme_names_the_extra_of_every_known_scheme(tiny_app: Path) -> None:
+    """The fix names each known scheme's install, not only Postgres's; no password is shown."""
+    served = _jobs("worker", "tinyapp", "--driver", "nosuch://host", cwd=tiny_app)
+    listed = _jobs("ls", "--driver", "mysql://app:hunter2@db/app")
 
-    assert done.returncode == 2
-    assert "X_DRIVER_UNKNOWN" in done.stderr
-    assert "nosuch://" in done.stderr
-    assert "fix:" in done.stderr
+    for done, scheme in ((served, "nosuch://"), (listed, "mysql://")):
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith("error X_DRIVER_UNKNOWN"), done.stderr
+        assert f"no driver for '{scheme}'" in done.stderr
+        assert "the drivers installed are memory" in done.stderr
+        fix = done.stderr.split("fix: ", 1)[1]
+        for named in ("'jobs-core[pg]' for postgresql://", "'jobs-core[redis]' for redis://"):
+            assert named in fix, fix
+        assert "memory:// is built in" in fix
+        assert "Traceback" not in done.stderr
+    assert "hunter2" not in listed.stderr
+    assert "mysql://app:***@db/app" in listed.stderr
 
 
 def test_worker_refuses_a_bad_duration_option(tiny_app: Path) -> None:
@@ -299,25 +327,43 @@ def test_broken_plugin_does_not_stop_the_builtin_commands(plugins: None) -> None
     assert "--visibility-timeout" in done.output
 
 
-def test_log_handler_renders_the_event_and_its_fields() -> None:
-    console = Console(record=True, width=200, no_color=True)
-    handler = cli.RichLogHandler(console)
+def _record(**fields: object) -> logging.LogRecord:
     record = logging.LogRecord(
         "jobs.worker", logging.ERROR, __file__, 1, "jobs.lease.lost", None, None
     )
-    record.__dict__.update(
-        {
-            "event": "jobs.lease.lost",
-            "job": "shop.checkout",
-            "queues": ["a", "b"],
-            "note": "two words",
-        }
+    record.__dict__.update(fields)
+    return record
+
+
+def test_log_lines_show_the_event_and_its_fields_as_text_or_json() -> None:
+    fields = {"event": "jobs.lease.lost", "job": "shop.checkout", "queues": ["a", "b"]}
+    record = _record(**fields, note="two words", ids={"run": "r1"})
+
+    text = LineHandler(io.StringIO(), LogFormat.TEXT, color=False).render(record)
+    line = json.loads(LineHandler(io.StringIO(), LogFormat.JSON).render(record))
+
+    assert re.fullmatch(
+        r"\d\d:\d\d:\d\d\.\d{3} ERROR   jobs\.lease\.lost job=shop\.checkout queues=a,b "
+        r"note='two words' ids=\{\"run\":\"r1\"\}",
+        text,
+    ), text
+    assert line["level"] == "error" and line["event"] == "jobs.lease.lost"
+    assert line["logger"] == "jobs.worker" and line["ts"].endswith("Z")
+    assert (line["job"], line["queues"], line["note"]) == ("shop.checkout", ["a", "b"], "two words")
+    assert "message" not in line  # the message is the event
+    colored = LineHandler(io.StringIO(), LogFormat.TEXT, color=True).render(record)
+    assert "\x1b[1;36mjobs.lease.lost\x1b[0m" in colored
+
+
+def test_a_worker_logs_json_lines_with_log_format_json(tiny_app: Path) -> None:
+    code, err = _serve_tiny_app_then_sigterm(
+        tiny_app, "worker", "tinyapp", "--driver", "memory://", "--log-format", "json"
     )
 
-    line = handler.render(record).plain
-
-    assert "ERROR" in line
-    assert "jobs.lease.lost" in line
-    assert "job=shop.checkout" in line
-    assert "queues=a,b" in line
-    assert "note='two words'" in line
+    assert code == 0, err
+    lines = [json.loads(line) for line in err.splitlines()]
+    events = [line["event"] for line in lines]
+    assert events[0] == "jobs.worker.started" and events[-1] == "jobs.worker.stopped"
+    settled = [line for line in lines if line["event"] == "jobs.attempt.settled"]
+    outcomes = {line["job"]: line["outcome"] for line in settled}
+    assert outcomes == {"tinyapp.write_note": "completed", "tinyapp.block": "interrupted"}

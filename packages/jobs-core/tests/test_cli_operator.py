@@ -1,4 +1,4 @@
-"""The operator commands of ``jobs``: in process with typer's runner on an injected memory
+"""The operator commands of ``jobsctl``: in process with typer's runner on an injected memory
 driver, then as real subprocesses (a session over driver URLs, manifest with an installed
 factory, and a worker serving metrics)."""
 
@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 from typer.testing import CliRunner
 
-from jobs_core import REGISTRY, Retry, job, use_driver
+from jobs_core import REGISTRY, JobRegistry, Retry, job, use_driver
 from jobs_core.cli import create_app
 from jobs_core.drivers.memory import MemoryDriver
 from jobs_core.ids import new_id
@@ -150,6 +150,108 @@ def test_show_for_people_lists_steps_error_and_redacted_input(
     assert "4242424242424242" not in out
     table = invoke(mem, "ls")
     assert str(ids["ready"]) in table.stdout and "ready" in table.stdout
+
+
+def test_show_prints_the_result_each_steps_output_and_tries_counted_right(
+    mem: MemoryDriver,
+) -> None:
+    """A step that ran once reads 1 try; one that failed once then completed, 2."""
+    failures: list[int] = []
+
+    def flaky_charge() -> dict[str, str]:
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("card network timeout")
+        return {"charge": "ch_1"}
+
+    @job(
+        input=int,
+        idempotency_key="input",
+        tenant="none",
+        name="cli.shown",
+        retry=Retry(attempts=3, delay="10ms", jitter=False),
+        registry=JobRegistry(),
+    )
+    async def shown(n: int, step: Any) -> dict[str, Any]:
+        await step.run("reserve", lambda: {"held": True})
+        await step.run("charge", flaky_charge)
+        label = await step.run("label", lambda: "x" * 500)
+        return {"shipped": n, "label": label}
+
+    async def build() -> UUID:
+        queued = await shown.enqueue(7)
+        await run_jobs(mem, registry=shown.registry)
+        return queued.id
+
+    job_id = run(mem, build())
+
+    text = invoke(mem, "show", str(job_id))
+    assert text.exit_code == 0, text.output
+    out = text.stdout
+    assert re.search(r"^attempt\s+2/3\s*$", out, re.M), out
+    assert '"shipped":7' in out  # the result, compact
+    assert "earlier error" in out and "card network timeout" in out
+    rows = {
+        line.split()[1]: line.split() for line in out.splitlines() if re.match(r"\s*\d+ ", line)
+    }
+    assert rows["reserve"][3] == "1" and '{"held":true}' in rows["reserve"]
+    assert rows["charge"][3] == "2" and '{"charge":"ch_1"}' in rows["charge"]
+    label_row = next(line for line in out.splitlines() if line.lstrip().startswith("2 "))
+    assert "xxx…" in label_row and "x" * 100 not in label_row  # cut to a width
+
+    whole = as_json(invoke(mem, "show", str(job_id), "--json"))
+    steps = {step["name"]: step for step in whole["job"]["steps"]}
+    assert steps["label"]["output"] == "x" * 500  # --json prints it whole
+    assert [steps[n]["tries"] for n in ("reserve", "charge", "label")] == [1, 2, 1]
+    assert whole["job"]["result"] == {"shipped": 7, "label": "x" * 500}
+
+
+def test_ls_shows_the_attempt_under_way_no_stale_error_and_a_cancel_reason(
+    mem: MemoryDriver, checkout: Any
+) -> None:
+    async def build() -> dict[str, UUID]:
+        running = await checkout.enqueue(Order(order="ok-run", card="1"))
+        [claimed] = await mem.claim(ClaimRequest(["default"], 1, 60_000, "w1"))
+        assert claimed.id == running.id
+        cancelled = await checkout.enqueue(Order(order="ok-cancel", card="2"))
+        return {"running": running.id, "cancelled": cancelled.id}
+
+    # A done row whose first attempt failed keeps that error on the row.
+    run(mem, _done_after_a_failure(mem))
+    ids = run(mem, build())
+    assert invoke(mem, "cancel", str(ids["cancelled"]), "--reason", "customer asked").exit_code == 0
+
+    table = invoke(mem, "ls").stdout
+    lines = {line.split()[0]: line for line in table.splitlines()[1:]}
+    assert re.search(r"\brunning\s+1/1\b", lines[str(ids["running"])]), table
+    assert lines[str(ids["cancelled"])].rstrip().endswith("customer asked"), table
+    done = next(line for line in lines.values() if " done " in line)
+    assert done.rstrip().endswith("+00:00") and "flaky first try" not in done, table
+    shown = invoke(mem, "show", str(ids["cancelled"])).stdout
+    assert re.search(r"^cancelled\s+customer asked", shown, re.M), shown
+
+
+async def _done_after_a_failure(mem: MemoryDriver) -> None:
+    tries: list[int] = []
+
+    @job(
+        input=int,
+        idempotency_key="input",
+        tenant="none",
+        name="cli.flaky",
+        retry=Retry(attempts=2, delay="10ms", jitter=False),
+        registry=JobRegistry(),
+    )
+    async def flaky(n: int) -> int:
+        tries.append(n)
+        if len(tries) == 1:
+            raise RuntimeError("flaky first try")
+        return n
+
+    queued = await flaky.enqueue(1)
+    await run_jobs(mem, registry=flaky.registry)
+    row = await mem.introspect.get(queued.id)
+    assert row is not None and row.state.value == "done" and row.last_error is not None
 
 
 def test_retry_cancel_promote_rm_change_the_rows(mem: MemoryDriver, checkout: Any) -> None:
@@ -301,7 +403,9 @@ def test_tasks_ls_pause_resume(mem: MemoryDriver) -> None:
         }
     ]
     assert as_json(invoke(mem, "tasks", "ls", "--json")) == listed
-    assert as_json(invoke(mem, "tasks", "resume", "nightly", "--json")) == {"paused": []}
+    # The group's options may come before the subcommand.
+    assert as_json(invoke(mem, "tasks", "--json", "ls")) == listed
+    assert as_json(invoke(mem, "tasks", "--json", "resume", "nightly")) == {"paused": []}
     assert "paused" not in invoke(mem, "tasks").stdout
 
 
@@ -487,7 +591,7 @@ def test_a_cli_session_in_separate_processes(
 
     def jobs(*args: str, status: int = 0) -> Any:
         done = _jobs(*args, cwd=tmp_path, env=env)
-        assert done.returncode == status, f"jobs {' '.join(args)}: {done.stdout}{done.stderr}"
+        assert done.returncode == status, f"jobsctl {' '.join(args)}: {done.stdout}{done.stderr}"
         return json.loads(done.stdout) if status == 0 and "--json" in args else done
 
     listed = jobs("ls", "--queue", queue, "--json", *rows)
@@ -520,6 +624,15 @@ def test_a_cli_session_in_separate_processes(
     assert replayed["job"]["state"] == ("ready" if persistent else "dead")
     missing = jobs("show", str(uuid.uuid4()), *rows, status=1)
     assert "X_JOB_NOT_FOUND" in missing.stderr
+
+    # tasks honours --driver given before its subcommand (over JOBS_DRIVER, here a bad one).
+    env["JOBS_DRIVER"] = "nosuch://"
+    assert jobs("tasks", "--driver", session_url, "--json", "pause", "t1", *rows) == {
+        "paused": ["t1"]
+    }
+    assert [t["task"] for t in jobs("tasks", "--driver", session_url, "ls", "--json", *rows)] == (
+        ["t1"] if persistent else []
+    )
 
 
 FACTORY_DIST = {

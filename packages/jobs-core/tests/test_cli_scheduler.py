@@ -62,7 +62,7 @@ def _env() -> dict[str, str]:
 
 
 class Running:
-    """A ``jobs`` subprocess whose stderr is collected by a thread, so waits can time out."""
+    """A ``jobsctl`` subprocess whose stderr is collected by a thread, so waits can time out."""
 
     def __init__(self, *args: str, cwd: Path) -> None:
         self.proc = subprocess.Popen(

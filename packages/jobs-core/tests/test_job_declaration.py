@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import json
 import math
@@ -19,7 +20,7 @@ from jobs_core.errors import (
     JobDuplicateError,
     TenantRequiredError,
 )
-from jobs_core.job import declaration_site
+from jobs_core.job import declaration_site, input_key
 
 
 class Onboard(BaseModel):
@@ -72,7 +73,7 @@ def test_missing_key_and_tenant_and_more_are_all_listed(registry: JobRegistry) -
 
 
 def test_several_bad_fields_are_all_named_in_message_and_meta(registry: JobRegistry) -> None:
-    def two_args(input: Any, step: Any) -> None:
+    def four_args(input: Any, step: Any, ctx: Any, extra: Any) -> None:
         return None
 
     with pytest.raises(JobDeclarationInvalidError) as caught:
@@ -89,7 +90,7 @@ def test_several_bad_fields_are_all_named_in_message_and_meta(registry: JobRegis
             on_settled=42,  # type: ignore[arg-type]
             compensates="yes",  # type: ignore[arg-type]
             registry=registry,
-        )(two_args)
+        )(four_args)
     error = caught.value
     assert error.code == "X_JOB_DECLARATION_INVALID"
     expected = [
@@ -179,10 +180,10 @@ def test_an_unresolved_forward_reference_is_refused_at_declaration(registry: Job
     "bad_body",
     [
         42,
-        lambda input, step: None,
         lambda input, step, ctx, extra: None,
-        lambda: None,
-        lambda *, input, step, ctx: None,
+        lambda input, *, payload: None,
+        lambda *, payload: None,
+        lambda *args, extra: None,
     ],
 )
 def test_a_body_of_the_wrong_shape_is_refused(registry: JobRegistry, bad_body: Any) -> None:
@@ -200,11 +201,120 @@ def test_a_body_of_the_wrong_shape_is_refused(registry: JobRegistry, bad_body: A
         lambda input, *rest, **kw: None,
     ],
 )
-def test_bodies_that_accept_three_positionals_are_accepted(
+def test_bodies_that_accept_three_positionals_are_called_as_declared(
     registry: JobRegistry, good_body: Any
 ) -> None:
     handle = job(**GOOD, name="decl.good-body", registry=registry)(good_body)
     assert registry.get("decl.good-body") is handle
+    assert handle.body is good_body
+
+
+def _recorder(shape: str) -> Any:
+    """A body of ``shape`` (its parameter list) that answers what it was given, by name."""
+    names = [
+        part.strip().split("=")[0].lstrip("*")
+        for part in shape.split(",")
+        if part.strip() not in ("", "*", "/")
+    ]
+    source = f"def body({shape}):\n    return {{{', '.join(f'{n!r}: {n}' for n in names)}}}\n"
+    scope: dict[str, Any] = {}
+    exec(source, scope)
+    return scope["body"]
+
+
+@pytest.mark.parametrize(
+    ("shape", "received"),
+    [
+        ("input", {"input": "I"}),
+        ("input, step", {"input": "I", "step": "S"}),
+        ("order, step, ctx", {"order": "I", "step": "S", "ctx": "C"}),
+        ("payload", {"payload": "I"}),
+        ("input, ctx", {"input": "I", "ctx": "C"}),
+        ("ctx", {"ctx": "C"}),
+        ("step, input", {"step": "S", "input": "I"}),
+        ("order, *, ctx", {"order": "I", "ctx": "C"}),
+        ("*, ctx, input", {"ctx": "C", "input": "I"}),
+        ("input, /, step", {"input": "I", "step": "S"}),
+        ("input, retries=3", {"input": "I", "retries": 3}),
+        ("", {}),
+    ],
+)
+def test_a_body_takes_what_it_asks_for(
+    registry: JobRegistry, shape: str, received: dict[str, Any]
+) -> None:
+    """(input), (input, step), (input, step, ctx) by position, or any of them by name."""
+    handle = job(**GOOD, name="decl.shaped", registry=registry)(_recorder(shape))
+    assert handle.body("I", "S", "C") == received
+    assert handle("I", "S", "C") == received
+
+
+async def test_bodies_of_one_and_two_parameters_run_on_a_worker(
+    registry: JobRegistry, driver: Any, clock: Any
+) -> None:
+    from jobs_core.testing import run_jobs
+
+    @job(input=int, idempotency_key="input", tenant="none", name="decl.one", registry=registry)
+    async def double(n: int) -> int:
+        return n * 2
+
+    @job(input=int, idempotency_key="input", tenant="none", name="decl.two", registry=registry)
+    def tally(n: int, step: Any) -> int:
+        return int(step.run("add", lambda: n + 1)) * 10
+
+    assert double.is_async
+    assert not tally.is_async
+    queued = [await double.enqueue(21), await tally.enqueue(4)]
+    await run_jobs(driver, clock=clock, registry=registry)
+    rows = [await driver.introspect.get(q.id) for q in queued]
+    assert [(r.state.value, r.result) for r in rows if r is not None] == [
+        ("done", 42),
+        ("done", 50),
+    ]
+
+
+def test_idempotency_key_input_is_a_stable_hash_of_the_canonical_json(
+    registry: JobRegistry,
+) -> None:
+    class Order(BaseModel):
+        id: int
+        lines: dict[str, int]
+
+    handle = job(input=Order, idempotency_key="input", tenant="none", registry=registry)(body)
+    first = handle.build_request({"id": 1, "lines": {"b": 2, "a": 1}})
+    reordered = handle.build_request({"lines": {"a": 1, "b": 2}, "id": 1})
+    other = handle.build_request({"id": 2, "lines": {"a": 1, "b": 2}})
+
+    assert first.idempotency_key == reordered.idempotency_key
+    assert first.idempotency_key != other.idempotency_key
+    assert first.idempotency_key == input_key({"id": 1, "lines": {"a": 1, "b": 2}})
+    # Pinned: the key is durable, so its derivation may never change silently.
+    assert first.idempotency_key == (
+        "sha256:" + hashlib.sha256(b'{"id":1,"lines":{"a":1,"b":2}}').hexdigest()
+    )
+    assert handle.describe()["idempotency_key"] == "input"
+
+
+async def test_idempotency_key_input_dedupes_an_equal_input(
+    registry: JobRegistry, driver: Any
+) -> None:
+    handle = job(input=dict[str, int], idempotency_key="input", tenant="none", registry=registry)(
+        body
+    )
+    first = await handle.enqueue({"a": 1, "b": 2})
+    again = await handle.enqueue({"b": 2, "a": 1})
+    other = await handle.enqueue({"a": 1})
+    assert again.deduped and again.id == first.id
+    assert not other.deduped and other.id != first.id
+
+
+def test_idempotency_key_other_text_is_refused_and_saying_nothing_still_is(
+    registry: JobRegistry,
+) -> None:
+    with pytest.raises(JobDeclarationInvalidError) as caught:
+        job(input=int, idempotency_key="inputs", tenant="none", registry=registry)(body)  # type: ignore[arg-type]
+    assert _problem_fields(caught.value) == ["idempotency_key"]
+    with pytest.raises(IdempotencyRequiredError):
+        job(input=int, tenant="none", registry=registry)(body)
 
 
 def test_two_declarations_with_one_name_fail_at_the_second(registry: JobRegistry) -> None:

@@ -488,3 +488,28 @@ async def test_no_log_record_carries_the_payload(
         assert marker not in record.getMessage()
         assert all(marker not in str(value) for value in vars(record).values())
     assert (await driver.introspect.get(queued.id)) is None
+
+
+def test_no_created_series_are_exposed_in_either_format() -> None:
+    """prometheus-client's ``*_created`` timestamps are left out, in our registry or an app's."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+
+    own = JobsMetrics()
+    app_registry = CollectorRegistry()
+    app_counter = Counter("app_requests", "The app's own counter.", registry=app_registry)
+    app_counter.inc()
+    shared = JobsMetrics(app_registry)
+    for metrics in (own, shared):
+        metrics.attempt("q", "j", "completed", 0.2)
+        metrics.lease_lost("q")
+        for text in (
+            generate_latest(metrics.registry).decode(),
+            openmetrics_latest(metrics.registry).decode(),
+        ):
+            assert "jobs_total{" in text and "job_duration_seconds_bucket{" in text
+            assert "job_leases_lost_total{" in text
+            ours = [line for line in text.splitlines() if not line.startswith(("#", "app_"))]
+            assert not [line for line in ours if "_created" in line], text
+    # The app's own series are the app's: not changed process-wide.
+    assert "app_requests_created" in generate_latest(app_registry).decode()

@@ -1,4 +1,4 @@
-"""The operator commands of ``jobs``: the CLI face of :mod:`jobs_core.introspect`.
+"""The operator commands of ``jobsctl``: the CLI face of :mod:`jobs_core.introspect`.
 
 ``ls``, ``show``, ``retry``, ``cancel``, ``rm``, ``promote``, ``dead``, ``stats``, ``workers``,
 ``pause``, ``resume``, ``tasks``, ``resolve-step`` and ``manifest``.
@@ -25,9 +25,10 @@ import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime
 from importlib.metadata import entry_points
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -44,7 +45,7 @@ from jobs_core.errors import JobNotFoundError, JobsError
 from jobs_core.introspect import JobQuery, JobView, as_json
 from jobs_core.job import REGISTRY
 from jobs_core.task import TASK_REGISTRY
-from jobs_core.types import BulkResult, JobInfo, JobPage, JobState
+from jobs_core.types import BulkResult, JobInfo, JobPage, JobState, StepRecord
 
 T = TypeVar("T")
 
@@ -226,6 +227,52 @@ def _bulk(
         console.print(f"{verb}: {total.affected} job(s){left}")
 
 
+OUTPUT_WIDTH = 60
+"""How many characters of a step's output ``show`` prints (``--json`` prints it whole)."""
+
+RESULT_WIDTH = 160
+"""How many characters of a job's result ``show`` prints (``--json`` prints it whole)."""
+
+
+def _cut(value: Any, width: int) -> str:
+    """Answer ``value`` as compact JSON, cut to ``width`` characters with an ellipsis."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _attempt(job: JobInfo) -> str:
+    """Answer ``n/max``: a running row's attempt in progress, else the attempts it spent.
+
+    Rows count spent attempts; a running row is on the one after them.
+    """
+    current = job.attempt + 1 if job.state is JobState.RUNNING else job.attempt
+    return f"{current}/{job.max_attempts}"
+
+
+def _error_cell(job: JobInfo) -> str:
+    """Answer the ERROR cell: a cancel's reason, a live or failed row's error; none when done.
+
+    A row that completed after a failed attempt keeps that attempt's error (``show`` prints it
+    as the earlier error); in a listing it would read as the reason the row is in trouble.
+    """
+    if job.state is JobState.DONE:
+        return ""
+    if job.state is JobState.CANCELLED:
+        return (job.last_error or "")[:60]
+    return job.last_error_code or (job.last_error or "")[:60]
+
+
+def _tries(step: StepRecord) -> str:
+    """Answer how many times a step's function ran (nothing for a sleep or an event wait).
+
+    ``attempts`` counts the runs that raised; a completed step (or a once step under way) ran
+    once more.
+    """
+    if step.status == "waiting":
+        return ""
+    return str(step.attempts + (0 if step.status == "failed" else 1))
+
+
 def _jobs_table(page: JobPage) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
     for column in ("ID", "NAME", "QUEUE", "STATE", "ATTEMPT", "TENANT", "CREATED", "ERROR"):
@@ -236,10 +283,10 @@ def _jobs_table(page: JobPage) -> Table:
             escape(row.name),
             escape(row.queue),
             row.state.value,
-            f"{row.attempt}/{row.max_attempts}",
+            _attempt(row),
             escape(row.tenant_id or ""),
             _when(row.created_at),
-            escape(row.last_error_code or (row.last_error or "")[:60]),
+            escape(_error_cell(row)),
         )
     return table
 
@@ -270,7 +317,7 @@ def _show(view: JobView) -> None:
         ("name", job.name),
         ("queue", job.queue),
         ("state", job.state.value),
-        ("attempt", f"{job.attempt}/{job.max_attempts}"),
+        ("attempt", _attempt(job)),
         ("run", str(job.run_id)),
         ("tenant", job.tenant_id or ""),
         ("key", job.idempotency_key),
@@ -287,24 +334,32 @@ def _show(view: JobView) -> None:
     console.print(head)
     if job.progress is not None:
         console.print(Text.assemble(("progress ", "bold"), json.dumps(job.progress)))
+    if job.state is JobState.DONE:
+        console.print(Text.assemble(("result ", "bold"), _cut(job.result, RESULT_WIDTH)))
     if job.last_error is not None:
         code = f" ({job.last_error_code})" if job.last_error_code else ""
-        console.print(Text.assemble(("error ", "bold red"), job.last_error + code))
-    if job.last_error_stack:
+        label, style = {
+            JobState.DONE: ("earlier error ", "bold yellow"),
+            JobState.CANCELLED: ("cancelled ", "bold yellow"),
+        }.get(job.state, ("error ", "bold red"))
+        console.print(Text.assemble((label, style), job.last_error + code))
+    if job.last_error_stack and job.state is not JobState.DONE:
         console.print(Text(job.last_error_stack.rstrip(), "dim"))
     if job.steps:
         steps = Table(title="steps", title_justify="left", box=None, header_style="bold")
-        for column in ("#", "STEP", "STATUS", "ONCE", "TRIES", "STARTED", "DONE", "ERROR"):
-            steps.add_column(column)
+        for column in ("#", "STEP", "STATUS", "ONCE", "TRIES", "STARTED", "DONE", "OUTPUT"):
+            steps.add_column(column, overflow="fold" if column == "OUTPUT" else "ellipsis")
+        steps.add_column("ERROR")
         for step in job.steps:
             steps.add_row(
                 str(step.seq),
                 escape(step.name),
                 step.status,
                 "yes" if step.once else "",
-                str(step.attempts),
+                _tries(step),
                 _when(step.started_at),
                 _when(step.completed_at),
+                escape(_cut(step.output, OUTPUT_WIDTH)) if step.status == "completed" else "",
                 escape(step.error or ""),
             )
         console.print(steps)
@@ -317,11 +372,49 @@ def _done(console: Console, job: JobInfo, what: str) -> None:
     console.print(f"{what} {job.id} ({job.name}): now {job.state.value}")
 
 
+@dataclass(frozen=True, slots=True)
+class _GroupOptions:
+    """The options given to a command group before its subcommand (``tasks --driver URL ls``).
+
+    Attributes:
+        driver_url: ``--driver`` (``None``: not given there).
+        apps: ``--app`` modules (``None``: not given there).
+        as_json: ``--json``.
+    """
+
+    driver_url: str | None = None
+    apps: list[str] | None = None
+    as_json: bool = False
+
+    @staticmethod
+    def of(ctx: typer.Context) -> _GroupOptions:
+        """Answer the group's options from the subcommand's context (none when not given)."""
+        found = ctx.parent.obj if ctx.parent is not None else None
+        return found if isinstance(found, _GroupOptions) else _GroupOptions()
+
+    def merge(
+        self, ctx: typer.Context, driver_url: str | None, apps: list[str] | None, as_json: bool
+    ) -> _GroupOptions:
+        """Answer the subcommand's own options, each falling back on the group's.
+
+        A ``--driver`` typed after the subcommand wins; one from ``JOBS_DRIVER`` does not
+        override one typed before it.
+        """
+        # typer vendors click's ParameterSource privately: compared by name.
+        source = ctx.get_parameter_source("driver_url")
+        typed = getattr(source, "name", None) == "COMMANDLINE"
+        return _GroupOptions(
+            driver_url if typed or self.driver_url is None else self.driver_url,
+            [*(self.apps or []), *(apps or [])] or None,
+            as_json or self.as_json,
+        )
+
+
 def add_operator_commands(app: typer.Typer, *, driver: JobDriver | None = None) -> None:
     """Add the operator commands to ``app``.
 
     Args:
-        app: the ``jobs`` typer app.
+        app: the ``jobsctl`` typer app.
         driver: a driver every command uses instead of opening ``--driver`` (an embedding
             application's, or a test's); it is installed for ``--app`` imports and never
             closed here.
@@ -404,7 +497,11 @@ def add_operator_commands(app: typer.Typer, *, driver: JobDriver | None = None) 
             driver_url, apps, "cannot show the job", lambda d: introspect.get_job(d, job_id)
         )
         if as_json_output:
-            _print_json(view)
+            shown = cast(dict[str, Any], as_json(view))
+            # The table's TRIES, for scripts too (a step's ``attempts`` counts its failures).
+            for step, record in zip(shown["job"]["steps"], view.job.steps, strict=True):
+                step["tries"] = None if record.status == "waiting" else int(_tries(record))
+            typer.echo(json.dumps(shown, indent=2, sort_keys=True))
         else:
             _show(view)
 
@@ -711,7 +808,8 @@ def add_operator_commands(app: typer.Typer, *, driver: JobDriver | None = None) 
 
     tasks_app = typer.Typer(
         name="tasks",
-        help="Cron tasks: list them, pause or resume one.",
+        help="Cron tasks: list them, pause or resume one. --driver, --app and --json may come "
+        "before the subcommand too.",
         invoke_without_command=True,
         no_args_is_help=False,
     )
@@ -724,52 +822,60 @@ def add_operator_commands(app: typer.Typer, *, driver: JobDriver | None = None) 
         apps: AppOption = None,
     ) -> None:
         """List the tasks when no subcommand is given."""
+        # ``jobsctl tasks --driver URL ls``: the subcommand falls back on these.
+        ctx.obj = _GroupOptions(driver_url, apps, as_json_output)
         if ctx.invoked_subcommand is None:
             _list_tasks(session, driver_url, apps, as_json_output)
 
     @tasks_app.command("ls")
     def tasks_ls(
+        ctx: typer.Context,
         as_json_output: JsonOption = False,
         driver_url: DriverOption = None,
         apps: AppOption = None,
     ) -> None:
-        """List tasks: schedule (when declared in --app), watermark, last fire, pause state."""
-        _list_tasks(session, driver_url, apps, as_json_output)
+        """List tasks: schedule, watermark, last fire, pause state."""
+        given = _GroupOptions.of(ctx).merge(ctx, driver_url, apps, as_json_output)
+        _list_tasks(session, given.driver_url, given.apps, given.as_json)
 
     @tasks_app.command("pause")
     def tasks_pause(
+        ctx: typer.Context,
         task: Annotated[str, typer.Argument(metavar="TASK", help="The task name.")],
         as_json_output: JsonOption = False,
         driver_url: DriverOption = None,
         apps: AppOption = None,
     ) -> None:
         """Pause a task: the scheduler does not dispatch it."""
+        given = _GroupOptions.of(ctx).merge(ctx, driver_url, apps, as_json_output)
 
         async def act(d: JobDriver) -> list[str]:
             await introspect.pause_task(d, task)
             return await introspect.paused_tasks(d)
 
-        paused = session.run(driver_url, apps, "cannot pause the task", act)
-        if as_json_output:
+        paused = session.run(given.driver_url, given.apps, "cannot pause the task", act)
+        if given.as_json:
             _print_json({"paused": paused})
         else:
             _console().print(f"paused task {task}")
 
     @tasks_app.command("resume")
     def tasks_resume(
+        ctx: typer.Context,
         task: Annotated[str, typer.Argument(metavar="TASK", help="The task name.")],
         as_json_output: JsonOption = False,
         driver_url: DriverOption = None,
         apps: AppOption = None,
     ) -> None:
         """Resume a paused task; its catch-up policy decides what was missed."""
+        given = _GroupOptions.of(ctx).merge(ctx, driver_url, apps, as_json_output)
 
         async def act(d: JobDriver) -> list[str]:
             await introspect.resume_task(d, task)
             return await introspect.paused_tasks(d)
 
-        paused = session.run(driver_url, apps, "cannot resume the task", act)
-        if as_json_output:
+        paused = session.run(given.driver_url, given.apps, "cannot resume the task", act)
+        if given.as_json:
             _print_json({"paused": paused})
         else:
             _console().print(f"resumed task {task}")

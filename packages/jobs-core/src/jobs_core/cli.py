@@ -7,25 +7,22 @@ CLI starts, not when this module is imported, each on its own: one that fails to
 becomes a command of its name that explains the failure and exits 2, so a broken plugin never
 takes ``jobsctl worker`` down with it.
 
-Logs go to stderr through :class:`RichLogHandler`, one readable line per record, showing the
-structured fields the library attaches (``extra={"event": "jobs.…", ...}``). Errors the user can
-fix (an APP that does not import, a ``JobsError``) are printed with their code and fix, and exit
-with status 2.
+Logs go to stderr through :class:`~jobs_core.logs.LineHandler`, one line per record (``--log-format
+text``, the default, or ``json``), showing the structured fields the library attaches
+(``extra={"event": "jobs.…", ...}``). Errors the user can fix (an APP that does not import, a
+``JobsError``) are printed with their code and fix, and exit with status 2.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
-import json
 import logging
 import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
-from enum import StrEnum
+from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, entry_points
 from typing import Annotated, Any, NoReturn, Protocol
 
@@ -34,8 +31,9 @@ from rich.console import Console
 from rich.text import Text
 
 from jobs_core import REGISTRY, JobDriver, JobsError, Worker, install_driver, open_driver
-from jobs_core.driver import Migratable, OutboxStore, capability
+from jobs_core.driver import Migratable, OutboxStore, capability, preflight, redact_url
 from jobs_core.errors import JobOptionsInvalidError, NotImplementedByDriverError
+from jobs_core.logs import LogFormat, LogLevel, configure_logging
 from jobs_core.metrics import JobsMetrics, MetricsServer
 from jobs_core.outbox import Relay, installed_outbox
 from jobs_core.scheduler import Scheduler
@@ -46,103 +44,6 @@ ENTRY_POINT_GROUP = "jobs.cli"
 
 EXIT_USAGE = 2
 """The exit status for an error the user can fix (bad APP, bad option, unknown driver, ...)."""
-
-_LEVEL_STYLES = {
-    logging.DEBUG: "dim",
-    logging.INFO: "green",
-    logging.WARNING: "yellow",
-    logging.ERROR: "bold red",
-    logging.CRITICAL: "bold white on red",
-}
-
-# Attributes every LogRecord has; anything else on a record came from ``extra=``.
-_RECORD_ATTRIBUTES = frozenset(
-    logging.LogRecord("", logging.INFO, "", 0, "", None, None).__dict__
-) | {"message", "asctime", "taskName"}
-
-
-class LogLevel(StrEnum):
-    """The ``--log-level`` choices."""
-
-    DEBUG = "debug"
-    INFO = "info"
-    WARNING = "warning"
-    ERROR = "error"
-
-
-class RichLogHandler(logging.Handler):
-    """Render each log record as one readable line on a rich console.
-
-    The library logs structured records whose message is an event name (``jobs.lease.lost``)
-    and whose ``extra=`` fields say what it concerns. A line shows the local time, the level, the
-    event (or the logger and message for other records) and every extra field as ``key=value``;
-    a record's exception follows as a traceback.
-
-    Args:
-        console: where the lines go (stderr in the CLI).
-        level: the least severe level shown.
-    """
-
-    def __init__(self, console: Console, level: int = logging.NOTSET) -> None:
-        super().__init__(level)
-        self.console = console
-
-    def emit(self, record: logging.LogRecord) -> None:
-        """Print ``record`` (and its traceback, if it carries one)."""
-        try:
-            self.console.print(self.render(record), soft_wrap=True, highlight=False)
-            if record.exc_info is not None:
-                self.console.print(
-                    Text("".join(traceback.format_exception(*record.exc_info)), "dim"),
-                    soft_wrap=True,
-                    highlight=False,
-                )
-        except Exception:
-            self.handleError(record)
-
-    def render(self, record: logging.LogRecord) -> Text:
-        """Answer the line for ``record``: time, level, event or message, extra fields."""
-        at = datetime.fromtimestamp(record.created).strftime("%H:%M:%S.%f")[:-3]
-        level_style = _LEVEL_STYLES.get(record.levelno, "")
-        line = Text.assemble((at, "dim"), " ", (f"{record.levelname:<7}", level_style), " ")
-        fields = {k: v for k, v in record.__dict__.items() if k not in _RECORD_ATTRIBUTES}
-        event = fields.pop("event", None)
-        message = record.getMessage()
-        if event is not None:
-            line.append(str(event), "bold cyan")
-            if message != event:
-                line.append(f" {message}")
-        else:
-            line.append(f"{record.name}: ", "cyan")
-            line.append(message)
-        for key, value in fields.items():
-            line.append(f" {key}=", "dim")
-            line.append(_field_text(value))
-        return line
-
-
-def _field_text(value: object) -> str:
-    if isinstance(value, Mapping):
-        return json.dumps(value, separators=(",", ":"), default=str)
-    if isinstance(value, list | tuple | set | frozenset):
-        return ",".join(str(item) for item in value)
-    text = str(value)
-    return repr(text) if not text or any(ch.isspace() for ch in text) else text
-
-
-def configure_logging(level: LogLevel, console: Console) -> None:
-    """Send every log record at ``level`` or above to ``console`` through :class:`RichLogHandler`.
-
-    Replaces the handlers a previous call installed, so calling it twice does not print twice.
-    """
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        if isinstance(handler, RichLogHandler):
-            root.removeHandler(handler)
-    numeric = logging.getLevelNamesMapping()[level.value.upper()]
-    root.addHandler(RichLogHandler(console, numeric))
-    root.setLevel(numeric)
-
 
 _log = logging.getLogger("jobs.cli")
 _stderr = Console(stderr=True)
@@ -166,6 +67,8 @@ def _exit_with(
         _stderr.print(Text.assemble(("error", "bold red"), f": {heading}"), soft_wrap=True)
         detail = _app_traceback(error) if trace else f"{type(error).__name__}: {error}"
         _stderr.print(Text(detail.rstrip()), soft_wrap=True)
+        if fix:
+            _stderr.print(Text.assemble(("fix: ", "bold"), fix), soft_wrap=True)
     raise typer.Exit(EXIT_USAGE)
 
 
@@ -194,7 +97,15 @@ def _import_apps(apps: list[str]) -> None:
                 exc.name == app or app.startswith(f"{exc.name}.")
             )
             if missing:
-                _exit_with(exc, f"APP {app!r} is not an importable module (searched from {cwd})")
+                module = app.removesuffix(".py").replace(os.sep, ".").strip(".")
+                _exit_with(
+                    exc,
+                    f"APP {app!r} is not an importable module (searched from {cwd})",
+                    fix=f"APP is a module path, not a file: pass {module!r}"
+                    if app.endswith(".py")
+                    else "pass the dotted module path (package.module) that declares the jobs, "
+                    "run from the directory it is importable from",
+                )
             # The module exists but raised while importing: show where.
             _exit_with(exc, f"importing APP {app!r} failed", trace=True)
 
@@ -204,7 +115,7 @@ def _open(url: str) -> JobDriver:
     try:
         return open_driver(url)
     except JobsError as exc:
-        _exit_with(exc, f"cannot open the driver {url!r}")
+        _exit_with(exc, f"cannot open the driver {redact_url(url)!r}")
 
 
 def _queue_list(queues: str | None) -> list[str]:
@@ -275,6 +186,8 @@ async def _serve(
     built: Sequence[_Role] = ()
     server: MetricsServer | None = None
     try:
+        # Before the banner: a worker that cannot serve (schema not migrated) says so and exits.
+        await preflight(driver)
         built = roles(driver) if roles is not None else ()
         metrics = JobsMetrics() if metrics_port is not None else None
         worker = Worker(
@@ -364,6 +277,7 @@ def _run_worker(
     visibility_timeout: str,
     drain_timeout: str,
     log_level: LogLevel,
+    log_format: LogFormat,
     roles: Callable[[JobDriver], Sequence[_Role]] | None = None,
     **serve_options: Any,
 ) -> None:
@@ -371,7 +285,7 @@ def _run_worker(
 
     ``serve_options`` go to :func:`_serve` (``metrics_port``, ``metrics_host``, ``build``).
     """
-    configure_logging(log_level, _stderr)
+    configure_logging(log_level, log_format)
     driver = _open(driver_url)
     # Installed before the APPs are imported, so code that enqueues at import time has a driver.
     install_driver(driver)
@@ -437,6 +351,14 @@ LogLevelOption = Annotated[
     LogLevel,
     typer.Option("--log-level", help="The least severe log records shown (on stderr)."),
 ]
+LogFormatOption = Annotated[
+    LogFormat,
+    typer.Option(
+        "--log-format",
+        envvar="JOBS_LOG_FORMAT",
+        help="Log lines as readable text or as JSON objects, one a line (for a log collector).",
+    ),
+]
 
 
 def worker(
@@ -455,6 +377,7 @@ def worker(
     visibility_timeout: VisibilityOption = "30s",
     drain_timeout: DrainOption = "25s",
     log_level: LogLevelOption = LogLevel.INFO,
+    log_format: LogFormatOption = LogFormat.TEXT,
     metrics_port: Annotated[
         int | None,
         typer.Option(
@@ -487,6 +410,7 @@ def worker(
         visibility_timeout,
         drain_timeout,
         log_level,
+        log_format,
         metrics_port=metrics_port,
         metrics_host=metrics_bind,
         build=build,
@@ -503,6 +427,7 @@ def dev(
     visibility_timeout: VisibilityOption = "30s",
     drain_timeout: DrainOption = "25s",
     log_level: LogLevelOption = LogLevel.INFO,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Run a worker for APP, and the scheduler for its tasks, on an in-memory driver.
 
@@ -517,6 +442,7 @@ def dev(
         visibility_timeout,
         drain_timeout,
         log_level,
+        log_format,
         roles=_dev_roles,
     )
 
@@ -531,6 +457,7 @@ async def _serve_scheduler(driver: JobDriver, *, tick: str, leader_ttl: str) -> 
     loop = asyncio.get_running_loop()
     handled = False
     try:
+        await preflight(driver)
         runner = Scheduler(driver, tick=tick, leader_ttl=leader_ttl)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, runner.request_stop)
@@ -581,12 +508,13 @@ def scheduler(
         ),
     ] = "30s",
     log_level: LogLevelOption = LogLevel.INFO,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Fire the cron tasks APP declares until SIGTERM or SIGINT.
 
     Run as many as you like: one leads at a time, and each occurrence fires once.
     """
-    configure_logging(log_level, _stderr)
+    configure_logging(log_level, log_format)
     opened = _open(driver)
     install_driver(opened)
     try:
@@ -618,6 +546,7 @@ def demo(
         str, typer.Option("--driver", help="The driver URL the demo runs on.")
     ] = "memory://",
     log_level: LogLevelOption = LogLevel.WARNING,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Run the guided demo: a shop's jobs on a real worker, narrated and checked (~3 s).
 
@@ -625,7 +554,7 @@ def demo(
     """
     from jobs_core.demo.run import run_demo
 
-    configure_logging(log_level, _stderr)
+    configure_logging(log_level, log_format)
     opened = _open(driver)
     console = Console()
     if not console.is_terminal and "COLUMNS" not in os.environ:
@@ -664,6 +593,7 @@ async def _serve_relay(
     loop = asyncio.get_running_loop()
     handled = False
     try:
+        await preflight(driver)
         relay = Relay(
             store,
             driver,
@@ -737,6 +667,7 @@ def relay(
         ),
     ] = True,
     log_level: LogLevelOption = LogLevel.INFO,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Publish committed outbox rows to the driver until SIGTERM or SIGINT.
 
@@ -744,7 +675,7 @@ def relay(
     two relays (or restarting one mid-batch) never makes a second job. The memory driver's outbox
     is in-process only: this command refuses memory://.
     """
-    configure_logging(log_level, _stderr)
+    configure_logging(log_level, log_format)
     opened = _open(driver)
     store = capability(opened, "outbox")
     # A memory outbox lives in the process that staged into it: a relay process of its own would
@@ -853,8 +784,10 @@ def create_app(*, plugins: bool = True, driver: JobDriver | None = None) -> type
     app.command("relay")(relay)
     # Imported here: the operator module builds on this one's helpers.
     from jobs_core._cli_backfill import add_backfill_commands
+    from jobs_core._cli_enqueue import add_enqueue_command
     from jobs_core._cli_operator import add_operator_commands
 
+    add_enqueue_command(app, driver=driver)
     add_operator_commands(app, driver=driver)
     add_backfill_commands(app, driver=driver)
     if plugins:

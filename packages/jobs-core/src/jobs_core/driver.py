@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from uuid import UUID
 
 from jobs_core.errors import (
     DriverRequestInvalidError,
+    DriverUnavailableError,
     DriverUnknownError,
     JobRunIdTakenError,
     NotImplementedByDriverError,
@@ -703,6 +704,42 @@ class CounterStore(Protocol):
 
 
 @runtime_checkable
+class Preflighted(Protocol):
+    """A driver that can tell, before the first job, whether its backend can serve at all.
+
+    The checks are the first-run mistakes a retry cannot mend: a schema not migrated, a role
+    without the privileges it needs. A worker runs them when it starts (and ``jobsctl`` before
+    a worker, scheduler or relay), so it refuses to start instead of failing every claim.
+    """
+
+    async def preflight(self) -> None:
+        """Raise the ``JobsError`` that every call would meet; answer nothing when all is well.
+
+        Raises:
+            JobsError: e.g. ``X_SCHEMA_NOT_MIGRATED`` or ``X_PERMISSION_DENIED``; an outage is
+                ``X_DRIVER_UNAVAILABLE``.
+        """
+        ...
+
+
+async def preflight(driver: JobDriver) -> None:
+    """Run ``driver``'s first-run checks, when it has them (:class:`Preflighted`).
+
+    An outage (``X_DRIVER_UNAVAILABLE``) passes: a worker started before its database answers
+    retries its claims until it does. Every other failure is raised.
+
+    Raises:
+        JobsError: what :meth:`Preflighted.preflight` raised, but ``X_DRIVER_UNAVAILABLE``.
+    """
+    if not isinstance(driver, Preflighted):
+        return
+    try:
+        await driver.preflight()
+    except DriverUnavailableError:
+        return
+
+
+@runtime_checkable
 class Migratable(Protocol):
     """A driver whose backend needs its schema applied before first use (pg).
 
@@ -891,6 +928,23 @@ _INSTALL_HINTS = {
 }
 
 
+def redact_url(url: str) -> str:
+    """Answer ``url`` with its password masked as ``***`` (in the user part and the query).
+
+    Errors and logs show a driver URL this way, so a copied message never carries a secret.
+    """
+    parts = urlsplit(url)
+    credentials, at, where = parts.netloc.rpartition("@")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if not (at and ":" in credentials) and all(k != "password" for k, _ in query):
+        return url
+    netloc = parts.netloc
+    if at and ":" in credentials:
+        netloc = f"{credentials.split(':', 1)[0]}:***@{where}"
+    masked = [(k, "***" if k == "password" else v) for k, v in query]
+    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(masked, safe="*")))
+
+
 def open_driver(url: str, **options: Any) -> JobDriver:
     """Open a driver for ``url`` through the ``jobs.drivers`` entry point named by its scheme.
 
@@ -911,5 +965,10 @@ def open_driver(url: str, **options: Any) -> JobDriver:
         if ep.name == scheme:
             factory: Callable[..., JobDriver] = ep.load()
             return factory(url, **options)
-    hint = _INSTALL_HINTS.get(scheme, f"install the package that provides the {scheme!r} driver")
-    raise DriverUnknownError(f"no driver for '{scheme}://': {hint}", scheme=scheme)
+    installed = sorted({ep.name for ep in entry_points(group="jobs.drivers")})
+    hint = _INSTALL_HINTS.get(
+        scheme, f"no known package provides it; the drivers installed are {', '.join(installed)}"
+    )
+    raise DriverUnknownError(
+        f"no driver for '{scheme}://': {hint}", scheme=scheme, installed=installed
+    )

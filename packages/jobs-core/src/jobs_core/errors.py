@@ -116,7 +116,35 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "X_DRIVER_UNKNOWN",
         "DriverUnknownError",
         "No installed package provides a driver for the URL's scheme.",
-        "Install the driver's package: pip install 'jobs-core[pg]' for postgresql:// (from a source checkout: pip install -e packages/jobs-pg).",
+        "Install the scheme's driver: pip install 'jobs-core[pg]' for postgresql:// or postgres://, 'jobs-core[redis]' for redis:// or rediss://; memory:// is built in (from a source checkout: pip install -e packages/jobs-pg or -e packages/jobs-redis).",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_SCHEMA_NOT_MIGRATED",
+        "SchemaNotMigratedError",
+        "The backend's schema lacks the driver's tables, or an older version of them: its migrations were not applied.",
+        "Apply them, then start again: jobsctl pg migrate --driver URL (the same URL, its ?schema= included).",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_DATABASE_NOT_FOUND",
+        "DatabaseNotFoundError",
+        "The database the URL names does not exist on that server.",
+        "Create it (createdb NAME, or CREATE DATABASE NAME) or correct the database name at the end of the URL.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_AUTH_FAILED",
+        "AuthenticationFailedError",
+        "The server refused the URL's credentials: a wrong password, an unknown user, or no pg_hba.conf entry admits it.",
+        "Correct the user and password in the URL (postgresql://USER:PASSWORD@host/db, with @ : / in a password percent-encoded) or set PGPASSWORD or ~/.pgpass.",
+        "terminal",
+    ),
+    ErrorCode(
+        "X_PERMISSION_DENIED",
+        "PermissionDeniedError",
+        "The URL's role lacks a privilege the driver needs (to connect to the database, or on the schema or its tables).",
+        "Connect as the role that ran the migrations, or grant this one what the message names: GRANT USAGE ON SCHEMA s TO r; GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA s TO r.",
         "terminal",
     ),
     ErrorCode(
@@ -236,8 +264,8 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
     ErrorCode(
         "X_JOB_UNKNOWN",
         "JobUnknownError",
-        "A worker claimed a row whose job name no imported module declares.",
-        "Import the module that declares the job in the worker (jobsctl worker APP ...), or remove the row.",
+        "A job name no imported module declares: a row a worker claimed, or the NAME given to jobsctl enqueue.",
+        "Import the module that declares the job (jobsctl worker APP ..., jobsctl enqueue NAME --app APP), or remove the row.",
     ),
     ErrorCode(
         "X_JOB_ON_SETTLED_FAILED",
@@ -629,6 +657,30 @@ class DriverUnknownError(JobsError):
     code = "X_DRIVER_UNKNOWN"
 
 
+class SchemaNotMigratedError(JobsError):
+    """The backend's schema lacks the driver's tables, or an older version of them: its migrations were not applied."""
+
+    code = "X_SCHEMA_NOT_MIGRATED"
+
+
+class DatabaseNotFoundError(JobsError):
+    """The database the URL names does not exist on that server."""
+
+    code = "X_DATABASE_NOT_FOUND"
+
+
+class AuthenticationFailedError(JobsError):
+    """The server refused the URL's credentials: a wrong password, an unknown user, or no pg_hba.conf entry admits it."""
+
+    code = "X_AUTH_FAILED"
+
+
+class PermissionDeniedError(JobsError):
+    """The URL's role lacks a privilege the driver needs (to connect to the database, or on the schema or its tables)."""
+
+    code = "X_PERMISSION_DENIED"
+
+
 class DriverRequestInvalidError(JobsError):
     """A driver call was made with arguments the protocol refuses (e.g. claim with no queues)."""
 
@@ -732,7 +784,7 @@ class ConcurrencyUnenforceableError(JobsError):
 
 
 class JobUnknownError(JobsError):
-    """A worker claimed a row whose job name no imported module declares."""
+    """A job name no imported module declares: a row a worker claimed, or the NAME given to jobsctl enqueue."""
 
     code = "X_JOB_UNKNOWN"
 

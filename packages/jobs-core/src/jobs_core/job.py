@@ -8,7 +8,9 @@ tenant rules of ``10-core.md`` §1 applied before anything is written.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
+import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -57,6 +59,12 @@ _MISSING: Any = object()
 
 _NUL = "\x00"
 """PostgreSQL text and jsonb cannot hold U+0000, so every driver refuses it alike (C22)."""
+
+INPUT_KEY = "input"
+"""``idempotency_key="input"``: the key is :func:`input_key` of the stored input."""
+
+BODY_ARGUMENTS = ("input", "step", "ctx")
+"""What a worker hands a body, in this order; a body takes any of them (see :func:`job`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +170,7 @@ class JobHandle(Generic[I, R]):
         name: str,
         queue: str,
         input_type: Any,
-        idempotency_key: Callable[[I], str],
+        idempotency_key: Callable[[I], str] | Literal["input"],
         tenant: Callable[[I], str] | Literal["none"],
         retry: Retry,
         concurrency: int | Concurrency | None,
@@ -175,8 +183,14 @@ class JobHandle(Generic[I, R]):
         registry: JobRegistry,
         declared_at: tuple[str, int] | None = None,
     ) -> None:
-        """Hold a validated declaration (use :func:`job`, which validates)."""
-        self.body = body
+        """Hold a validated declaration (use :func:`job`, which validates).
+
+        ``body`` is the declared function; :attr:`body` becomes what a worker calls with
+        ``(input, step, ctx)``: that function itself when it takes those three positionally,
+        else a thin adapter that passes only what it asks for.
+        """
+        self.function = body
+        self.body: Callable[[Any, Any, Any], Any] = _adapt_body(body)
         # Where the declaration was made: the registry tells a reload from a duplicate by it.
         self.origin = (
             _origin(body)
@@ -287,7 +301,10 @@ class JobHandle(Generic[I, R]):
         """
         parsed = self.parse_input(input)
         stored = stored_input(self.adapter, parsed, self.name, prove=self._prove_inputs)
-        key = self.idempotency_key(parsed)
+        if isinstance(self.idempotency_key, str):
+            key = input_key(stored)
+        else:
+            key = self.idempotency_key(parsed)
         if not isinstance(key, str) or not key or _NUL in key:
             raise IdempotencyRequiredError(
                 f"idempotency_key(input) of {self.name} answered "
@@ -619,6 +636,7 @@ class JobHandle(Generic[I, R]):
             "name": self.name,
             "queue": self.queue,
             "input_schema": self.adapter.json_schema(),
+            "idempotency_key": "input" if self.idempotency_key == INPUT_KEY else "function",
             "tenant": "none" if self.tenant == "none" else "function",
             "retry": {
                 "attempts": self.retry.attempts,
@@ -694,22 +712,118 @@ def _duration_field(
     return parse_duration(value, field=name)
 
 
-def _body_problem(body: Any) -> str | None:
+def input_key(stored: JSONValue) -> str:
+    """Answer the idempotency key ``idempotency_key="input"`` derives from a stored input.
+
+    The SHA-256 of the input's canonical JSON text: keys sorted, no whitespace, UTF-8, so two
+    inputs equal as JSON (whatever their key order) share one key.
+
+    Args:
+        stored: the input's JSON form, as the row stores it.
+
+    Returns:
+        ``"sha256:"`` and 64 hex digits.
+    """
+    text = json.dumps(stored, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class _BodyShape:
+    """How to call a body: how many of ``(input, step, ctx)`` by position, which by keyword.
+
+    Attributes:
+        positional: the first ``positional`` of :data:`BODY_ARGUMENTS` go by position.
+        keywords: ``(parameter name, index into BODY_ARGUMENTS)`` pairs passed by keyword.
+    """
+
+    positional: int
+    keywords: tuple[tuple[str, int], ...]
+
+
+def _body_shape(body: Any) -> _BodyShape | str:
+    """Answer how ``body`` takes ``(input, step, ctx)``, or the declaration problem.
+
+    A parameter named ``input``, ``step`` or ``ctx`` receives that value; any other required
+    positional parameter receives the first of them no parameter names, in order, so
+    ``(order)``, ``(order, step)`` and ``(order, step, ctx)`` read as written. Parameters with
+    defaults that name none of the three keep their defaults. ``*args`` takes the three by
+    position (a decorator's ``(*args, **kwargs)`` wrapper, say).
+    """
     if not callable(body):
-        return "body: must be a function (input, step, ctx)"
+        return "body: must be a function taking (input), (input, step) or (input, step, ctx)"
     try:
-        inspect.signature(body).bind(None, None, None)
-    except TypeError:
-        return "body: must accept three positional arguments (input, step, ctx)"
-    except ValueError:
-        return None
-    return None
+        params = list(inspect.signature(body).parameters.values())
+    except (TypeError, ValueError):
+        # No signature to read (a builtin, say): hand it all three, as the worker always did.
+        return _BodyShape(3, ())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        try:
+            inspect.signature(body).bind(None, None, None)
+        except TypeError:
+            return "body: must accept (input, step, ctx) alongside its *args"
+        return _BodyShape(3, ())
+    named = {p.name for p in params if p.name in BODY_ARGUMENTS and p.kind is not p.POSITIONAL_ONLY}
+    free = [i for i, arg in enumerate(BODY_ARGUMENTS) if arg not in named]
+    positional: list[int] = []
+    keywords: list[tuple[str, int]] = []
+    keyword_only = False
+    for p in params:
+        if p.kind is p.VAR_KEYWORD:
+            continue
+        if p.name in named:
+            keywords.append((p.name, BODY_ARGUMENTS.index(p.name)))
+            keyword_only = keyword_only or p.kind is p.KEYWORD_ONLY
+            continue
+        if p.kind is p.KEYWORD_ONLY or not free:
+            if p.default is p.empty:
+                return (
+                    f"body: parameter {p.name!r} would receive nothing (a body takes input, "
+                    "step and ctx, by position or by those names)"
+                )
+            continue
+        if p.default is not p.empty:
+            continue
+        slot = free.pop(0)
+        if p.kind is p.POSITIONAL_ONLY:
+            positional.append(slot)
+        else:
+            keywords.append((p.name, slot))
+    if positional != list(range(len(positional))):
+        return "body: its positional-only parameters must come in the order (input, step, ctx)"
+    # Parameters that receive input, step, ctx in that order go by position: the worker then
+    # calls the function itself, or a one-call adapter.
+    order = [slot for _, slot in keywords]
+    if not positional and not keyword_only and order == list(range(len(order))):
+        return _BodyShape(len(order), ())
+    return _BodyShape(len(positional), tuple(keywords))
+
+
+def _adapt_body(body: Callable[..., Any]) -> Callable[[Any, Any, Any], Any]:
+    """Answer a callable taking ``(input, step, ctx)`` that calls ``body`` as it asks."""
+    shape = _body_shape(body)
+    if isinstance(shape, str) or (shape.positional == 3 and not shape.keywords):
+        return body
+    if not shape.keywords:
+        # One adapter per count: the body is called once per attempt, so no slicing.
+        if shape.positional == 2:
+            return lambda input, step, ctx: body(input, step)
+        if shape.positional == 1:
+            return lambda input, step, ctx: body(input)
+        return lambda input, step, ctx: body()
+    count, keywords = shape.positional, shape.keywords
+
+    def call(input: Any, step: Any, ctx: Any) -> Any:
+        given = (input, step, ctx)
+        return body(*given[:count], **{name: given[slot] for name, slot in keywords})
+
+    return call
 
 
 def job(
     *,
     input: Any = _MISSING,
-    idempotency_key: Callable[[Any], str] | None = None,
+    idempotency_key: Callable[[Any], str] | Literal["input"] | None = None,
     tenant: Callable[[Any], str] | Literal["none"] | None = None,
     retry: Retry | None = None,
     name: str | None = None,
@@ -726,9 +840,15 @@ def job(
 ) -> Callable[[Callable[..., Any]], JobHandle[Any, Any]]:
     """Declare a job; decorate ``async def body(input, step, ctx)`` (or a plain ``def``).
 
+    The body takes what it asks for: ``(input)``, ``(input, step)`` or ``(input, step, ctx)``,
+    under any names, or any of the three by the names ``input``, ``step`` and ``ctx`` (keyword-only
+    too: ``(input, *, ctx)``). The signature is checked here, at declaration.
+
     Args:
         input: the input type: a pydantic model or anything ``TypeAdapter`` accepts.
-        idempotency_key: **required**, ``(input) -> str`` (non-empty): one live row per key.
+        idempotency_key: **required**, ``(input) -> str`` (non-empty): one live row per key; or
+            ``"input"``: the key is a SHA-256 of the input's canonical JSON (:func:`input_key`),
+            so a second enqueue of an equal input while the first is live is deduped.
         tenant: **required**, ``(input) -> str`` naming the org, or ``"none"``.
         retry: the :class:`~jobs_core.retry.Retry` policy (default 3 attempts, exponential).
         name: the durable name rows carry (default ``f"{module}.{qualname}"``).
@@ -778,9 +898,11 @@ def job(
                         "reference); define every referenced type before the job"
                     )
         if missing_key:
-            problems.append("idempotency_key: required, a function (input) -> non-empty str")
-        elif not callable(idempotency_key):
-            problems.append("idempotency_key: must be a function (input) -> str")
+            problems.append(
+                'idempotency_key: required, a function (input) -> non-empty str, or "input"'
+            )
+        elif idempotency_key != INPUT_KEY and not callable(idempotency_key):
+            problems.append('idempotency_key: must be a function (input) -> str or "input"')
         if missing_tenant:
             problems.append('tenant: required, a function (input) -> org id, or "none"')
         elif tenant != "none" and not callable(tenant):
@@ -821,9 +943,9 @@ def job(
             and isinstance(declared_at[1], int)
         ):
             problems.append("declared_at: must be (file, line), e.g. declaration_site()")
-        body_problem = _body_problem(body)
-        if body_problem is not None:
-            problems.append(body_problem)
+        shape = _body_shape(body)
+        if isinstance(shape, str):
+            problems.append(shape)
         if problems:
             error_type: type[
                 JobDeclarationInvalidError | IdempotencyRequiredError | TenantRequiredError
@@ -844,7 +966,7 @@ def job(
             name=job_name,
             queue=queue,
             input_type=input,
-            idempotency_key=cast(Callable[[Any], str], idempotency_key),
+            idempotency_key=cast(Callable[[Any], str] | Literal["input"], idempotency_key),
             tenant=cast(Callable[[Any], str] | Literal["none"], tenant),
             retry=policy,
             concurrency=concurrency,
@@ -868,11 +990,14 @@ def _default_name(body: Callable[..., Any]) -> str:
 
 
 __all__ = [
+    "BODY_ARGUMENTS",
+    "INPUT_KEY",
     "REGISTRY",
     "RESERVED_STEP_NAMES",
     "JobHandle",
     "JobRegistry",
     "Settled",
     "declaration_site",
+    "input_key",
     "job",
 ]

@@ -19,6 +19,11 @@ series                                    kind       meaning
                                                      (positive: its host runs ahead)
 ========================================  =========  ==========================================
 
+No ``*_created`` series: prometheus-client adds a ``<name>_created`` timestamp beside every
+counter and histogram, which dashboards read as one more series per label set. The registry
+here leaves them out when it is collected (prometheus-client's ``disable_created_metrics()``
+was rejected: it is process-wide, and would change an application's own series too).
+
 Each :class:`JobsMetrics` owns a :class:`~prometheus_client.CollectorRegistry` rather than using
 the library's global one, so two workers in one test process, or an application's own series,
 never collide. A worker given one records outcomes, durations and lost leases as they happen and
@@ -31,12 +36,13 @@ worker's event loop, and a stuck backend would hang every scrape.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.metrics_core import Metric
 
 from jobs_core.driver import JobDriver, demand_when_busy
 
@@ -50,6 +56,16 @@ DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900,
 
 _NOT_RUN = frozenset({"deferred", "refused"})
 """Outcomes of attempts whose body never ran: counted, but no duration."""
+
+
+class _WithoutCreated(CollectorRegistry):
+    """A registry whose collection leaves out the ``*_created`` samples of every family."""
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield each family of the registered collectors without its ``_created`` samples."""
+        for family in super().collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,58 +97,59 @@ class JobsMetrics:
             when ``None``.
 
     Attributes:
-        registry: the registry (pass it to ``generate_latest`` or serve it).
+        registry: the registry (pass it to ``generate_latest`` or serve it); it yields no
+            ``*_created`` series.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
+        own = _WithoutCreated()
+        if registry is not None:
+            # The series live in a registry of ours, collected through the caller's.
+            registry.register(own)
+        self.registry = registry if registry is not None else own
         self._workers: list[Worker] = []
         self._lock = threading.Lock()
         # prometheus_client appends ``_total`` to a counter's name when it exposes it.
-        self.jobs = Counter(
-            "jobs", "Attempts by outcome.", ["queue", "outcome"], registry=self.registry
-        )
+        self.jobs = Counter("jobs", "Attempts by outcome.", ["queue", "outcome"], registry=own)
         self.durations = Histogram(
             "job_duration_seconds",
             "Attempt wall time of bodies that ran, in seconds.",
             ["queue", "job"],
             buckets=DURATION_BUCKETS,
-            registry=self.registry,
+            registry=own,
         )
         self.leases_lost = Counter(
             "job_leases_lost",
             "Leases that lapsed while the body ran (alert on any rate).",
             ["queue"],
-            registry=self.registry,
+            registry=own,
         )
-        self.depth = Gauge(
-            "queue_depth", "Due rows no worker holds yet.", ["queue"], registry=self.registry
-        )
+        self.depth = Gauge("queue_depth", "Due rows no worker holds yet.", ["queue"], registry=own)
         self.demand = Gauge(
             "queue_demand",
             "Rows running under a live lease plus rows due and claimable (0 while draining).",
             ["queue"],
-            registry=self.registry,
+            registry=own,
         )
         self.oldest_ready = Gauge(
             "queue_oldest_ready_seconds",
             "How long the oldest due row has waited, in seconds.",
             ["queue"],
-            registry=self.registry,
+            registry=own,
         )
         self.dead = Gauge(
-            "queue_dead_jobs", "Rows in the dead-letter state.", ["queue"], registry=self.registry
+            "queue_dead_jobs", "Rows in the dead-letter state.", ["queue"], registry=own
         )
         in_flight = Gauge(
             "job_worker_in_flight",
             "Attempts running, summed over this process's workers.",
-            registry=self.registry,
+            registry=own,
         )
         in_flight.set_function(self._summed(lambda stats: stats.in_flight))
         capacity = Gauge(
             "job_worker_capacity",
             "Slots, summed over this process's workers.",
-            registry=self.registry,
+            registry=own,
         )
         capacity.set_function(self._summed(lambda stats: stats.capacity))
         self.clock_skew = Gauge(

@@ -40,7 +40,7 @@ from jobs_core._current import bind_worker
 from jobs_core._durations import Duration, parse_duration
 from jobs_core._tracing import attempt_span
 from jobs_core.clock import SYSTEM_CLOCK, Clock
-from jobs_core.driver import JobDriver, capability
+from jobs_core.driver import JobDriver, capability, preflight
 from jobs_core.errors import (
     ConcurrencyUnenforceableError,
     DrainingError,
@@ -281,8 +281,11 @@ class Worker:
         Raises:
             ConcurrencyUnenforceableError: ``X_JOB_CONCURRENCY_UNENFORCEABLE`` when a served job
                 declares ``concurrency`` and the driver has no lease store (nothing is claimed).
+            JobsError: the driver's first-run checks failed (:func:`~jobs_core.driver.preflight`:
+                e.g. ``X_SCHEMA_NOT_MIGRATED``, ``X_PERMISSION_DENIED``); nothing is claimed.
         """
         self._check_enforceable()
+        await preflight(self.driver)
         loop = asyncio.get_running_loop()
         self._env = AttemptEnv(self.driver, self.registry, self.clock, self.visibility_timeout_ms)
         unsubscribe = None

@@ -22,8 +22,8 @@ import uvicorn
 from rich.console import Console
 
 from jobs_core import install_driver, open_driver
-from jobs_core.cli import LogLevel, configure_logging
 from jobs_core.errors import JobsError
+from jobs_core.logs import LogLevel, configure_logging
 from jobs_dashboard._app import dashboard_app
 from jobs_dashboard._security import AuthHook, basic_auth
 
@@ -117,7 +117,7 @@ def dashboard(
     ] = LogLevel.INFO,
 ) -> None:
     """Serve the operator dashboard: queues, jobs, steps, dead letters, workers, cron tasks."""
-    configure_logging(log_level, _stderr)
+    configure_logging(log_level)
     drawn = password is None and auth is None
     chosen_password = secrets.token_urlsafe(12) if password is None else password
     try:

@@ -27,7 +27,8 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from jobs_core.clock import Clock
-from jobs_core.errors import DriverRequestInvalidError, DriverUnavailableError
+from jobs_core.errors import DriverRequestInvalidError, DriverUnavailableError, JobsError
+from jobs_pg._diagnose import probe, statement_error
 from jobs_pg._sql import Statements
 
 _log = logging.getLogger("jobs.pg")
@@ -160,6 +161,8 @@ class Db:
         self._conninfo = conninfo
         self.pool: AsyncConnectionPool[Any] = pool or self._new_pool()
         self._opened = not self.owned
+        # The first-run probe of an owned pool (see _ready), shared by the callers that wait on it.
+        self._probing: asyncio.Future[None] | None = None
         self._closed = False
         # Runs a claim just found without step records (run id -> None, oldest first): the
         # step store answers their first load from here instead of a query.
@@ -196,6 +199,11 @@ class Db:
         # Back to the session's own value (the URL's options, the role's or database's setting).
         await conn.execute("RESET lock_timeout")
 
+    @property
+    def conninfo(self) -> str:
+        """The libpq URL or key/value string the owned pool dials (it may carry a password)."""
+        return self._conninfo
+
     def remember_stepless(self, run_id: UUID) -> None:
         """Note that a run had no step records when this driver claimed it."""
         self.stepless[run_id] = None
@@ -210,6 +218,8 @@ class Db:
         if self._closed:
             raise DriverUnavailableError("the postgresql driver is closed", driver="postgresql")
         if not self._opened:
+            await self._probe()
+        if not self._opened:
             # Opened on first use, so a driver built outside an event loop (the entry point)
             # binds its pool to the loop that uses it. The first caller waits for the pool's
             # min_size connections (dialled, set up, warmed) rather than ask for one: a client
@@ -220,13 +230,34 @@ class Db:
             try:
                 await self.pool.open(wait=True, timeout=self.pool.timeout)
             except PoolTimeout as exc:
-                # The wait closed the pool: the next call opens a new one.
+                # The wait closed the pool: the next call probes and opens a new one.
                 self.pool = self._new_pool()
                 self._opened = False
+                self._probing = None
                 raise DriverUnavailableError(
                     f"postgresql is unavailable: {exc}", driver="postgresql"
                 ) from exc
         return self.pool
+
+    async def _probe(self) -> None:
+        """Dial once before the owned pool opens, so a first-run mistake is told at once.
+
+        A database that does not exist or a wrong password raises its ``JobsError`` here
+        (:func:`~jobs_pg._diagnose.probe`) instead of after the pool's retries; callers that
+        arrive meanwhile wait on the same probe. A failed probe is tried again by the next call.
+
+        Raises:
+            JobsError: ``X_DATABASE_NOT_FOUND``, ``X_AUTH_FAILED`` or ``X_PERMISSION_DENIED``.
+        """
+        if self._probing is None:
+            self._probing = asyncio.ensure_future(probe(self._conninfo, self.pool.timeout))
+        probing = self._probing
+        try:
+            await asyncio.shield(probing)
+        except JobsError:
+            if self._probing is probing:
+                self._probing = None
+            raise
 
     def _new_pool(self) -> AsyncConnectionPool[Any]:
         return AsyncConnectionPool(self._conninfo, **self._pool_options)
@@ -253,6 +284,10 @@ class Db:
                 the connection broke, or the driver is closed.
             DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` when the server refused a
                 value (out of range, not valid JSON).
+            SchemaNotMigratedError: ``X_SCHEMA_NOT_MIGRATED`` when a statement met a table or
+                schema that does not exist.
+            PermissionDeniedError: ``X_PERMISSION_DENIED`` when the role lacks a privilege; or
+                the first-run errors of :meth:`_probe`.
         """
         pool = await self._ready()
         try:
@@ -265,6 +300,11 @@ class Db:
             raise DriverUnavailableError(
                 f"postgresql is unavailable: {type(exc).__name__}: {exc}", driver="postgresql"
             ) from exc
+        except psycopg.Error as exc:
+            mapped = statement_error(exc, self._conninfo, self.schema)
+            if mapped is None:
+                raise
+            raise mapped from exc
 
     def params(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """Answer ``values`` plus the clock parameter every statement takes."""

@@ -1,7 +1,7 @@
 """The ``jobsctl pg`` command group: ``migrate``, ``sql`` and ``demand-sql``.
 
 Registered through the ``jobs.cli`` entry point: :func:`register` adds a ``pg`` sub-app to the
-``jobs`` typer app.
+``jobsctl`` typer app.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def demand_sql(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``pg`` command group to the ``jobs`` app (the ``jobs.cli`` entry point)."""
+    """Add the ``pg`` command group to the ``jobsctl`` app (the ``jobs.cli`` entry point)."""
     group = typer.Typer(
         name="pg", help="PostgreSQL driver: migrations and operator SQL.", no_args_is_help=True
     )

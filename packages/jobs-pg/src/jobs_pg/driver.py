@@ -52,6 +52,7 @@ from jobs_core.types import (
 )
 from jobs_pg._backfills import PgBackfillLedger
 from jobs_pg._db import Db, Row, utc
+from jobs_pg._diagnose import unready
 from jobs_pg._migrate import apply_migrations
 from jobs_pg._outbox import PgOutboxStore
 from jobs_pg._records import enqueue_params, json_text
@@ -379,6 +380,26 @@ class PostgresDriver:
         """
         async with self._db.connection() as conn:
             return await apply_migrations(conn, self.schema)
+
+    async def preflight(self) -> None:
+        """Check, before the first job, that this database and schema can serve at all.
+
+        One statement: every shipped migration is applied, and the role may read and write
+        every table of the schema (a worker calls it at start, and so does ``jobsctl`` before a
+        worker, scheduler or relay).
+
+        Raises:
+            SchemaNotMigratedError: ``X_SCHEMA_NOT_MIGRATED``, naming the ``jobsctl pg migrate``
+                command to run.
+            PermissionDeniedError: ``X_PERMISSION_DENIED``, naming the tables and the GRANT.
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached;
+                or the first-run errors of a first connection (``X_DATABASE_NOT_FOUND``,
+                ``X_AUTH_FAILED``).
+        """
+        found = await self._db.row("preflight", {"schema": self.schema})
+        problem = unready(found, self._db.conninfo, self.schema)
+        if problem is not None:
+            raise problem
 
     async def enqueue(self, req: EnqueueRequest) -> EnqueueResult:
         """Queue one row (the one-element case of :meth:`enqueue_many`).

@@ -1046,3 +1046,22 @@ SELECT
         WHERE i.indrelid = to_regclass(%(view)s::text)
           AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
     )
+
+-- name: preflight
+-- A worker's first-run check: the newest migration applied to the schema, the connecting role,
+-- and the schema's tables that role may not read and write. A schema or migrations table that
+-- does not exist fails the statement (undefined schema/table: not migrated), and so does a role
+-- without USAGE on the schema (insufficient privilege). has_table_privilege answers true when
+-- any of a list is held, hence one call per privilege.
+SELECT (SELECT max(version) FROM {schema}.migrations),
+       current_user::text,
+       ARRAY(
+           SELECT c.relname::text
+           FROM pg_class c
+           JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE n.nspname = %(schema)s AND c.relkind = 'r' AND c.relname <> 'migrations'
+             AND NOT (has_table_privilege(c.oid, 'SELECT') AND has_table_privilege(c.oid, 'INSERT')
+                      AND has_table_privilege(c.oid, 'UPDATE')
+                      AND has_table_privilege(c.oid, 'DELETE'))
+           ORDER BY 1
+       )
