@@ -17,6 +17,12 @@ made the reading end of a pipe (a collector, a container runtime) wake per job, 
 machine took more from the worker than rendering the lines. A worker killed with SIGKILL may lose
 its last ``FLUSH_INTERVAL`` of INFO lines; ``logging.shutdown`` at a normal exit writes them.
 
+The worker's one line per job goes through :func:`log_event`: when the record would reach only
+this module's handler (the ``jobsctl`` setup: no other handler, filter or ``logging.disable`` in
+the way), the line is rendered straight from the event's fields, without a ``LogRecord``; about
+half of a line's cost was the logging module building the record. Anything else installed (a
+test's capture, an application's handler) sees the same record the logging module would build.
+
 Rejected: rendering each record through rich (the CLI did): laying out one styled line per job
 cost a pg worker at the CLI's default level 3-5x its throughput at ``warning``. Rich stays for
 what people read at a terminal: the demo's narration and the operator commands' tables.
@@ -32,12 +38,20 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from itertools import islice
+from types import TracebackType
 from typing import IO, Any
 
-__all__ = ["FLUSH_INTERVAL", "LineHandler", "LogFormat", "LogLevel", "configure_logging"]
+__all__ = [
+    "FLUSH_INTERVAL",
+    "LineHandler",
+    "LogFormat",
+    "LogLevel",
+    "configure_logging",
+    "log_event",
+]
 
 FLUSH_INTERVAL = 0.1
 """Seconds an INFO line may wait before it is written, when the stream is not a terminal."""
@@ -85,6 +99,9 @@ _EVENT_COLOR = "\x1b[1;36m"
 _RESET = "\x1b[0m"
 _LEVELS = {number: f"{logging.getLevelName(number):<7}" for number in _COLORS}
 _COLORED_LEVELS = {number: f"{_COLORS[number]}{name}{_RESET}" for number, name in _LEVELS.items()}
+_LOWER_LEVELS = {number: logging.getLevelName(number).lower() for number in _COLORS}
+
+_ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
 
 
 def _message(record: logging.LogRecord) -> str:
@@ -141,25 +158,52 @@ class LineHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         """Write ``record``'s line, or queue it for the next batch (see ``batch``)."""
         try:
-            line = self.render(record) + "\n"
-            if not self.batch:
-                self.stream.write(line)
-                return
-            with self._waiting:
-                pending = self._pending
-                pending.append(line)
-                self._pending_size += len(line)
-                urgent = record.levelno >= logging.WARNING or self._pending_size >= _FLUSH_SIZE
-                if not urgent:
-                    if len(pending) == 1:  # the flusher waits only while nothing is pending
-                        self._start_flusher()
-                        self._waiting.notify()
-                    return
-                lines = self._take()
-            self.stream.write(lines)
-            self.stream.flush()
+            self._write(self.render(record) + "\n", record.levelno)
         except Exception:
             self.handleError(record)
+
+    def write_event(self, level: int, logger: str, event: str, fields: Mapping[str, Any]) -> None:
+        """Write the line a record of ``event`` with ``extra=fields`` would make, with no record.
+
+        :func:`log_event` calls it once it knows this handler is the only one the record would
+        reach; the line is the one :meth:`render` makes of that record.
+        """
+        now = time.time()
+        msecs = int((now - int(now)) * 1000)
+        try:
+            if self.format_name is LogFormat.JSON:
+                line = self._json_line(
+                    now, msecs, level, logger, event, event, fields.items(), None
+                )
+            else:
+                line = self._text_line(
+                    now, msecs, level, logger, event, event, fields.items(), None
+                )
+            self._write(line + "\n", level)
+        except Exception:
+            self.handleError(_event_record(level, logger, event, fields))
+
+    def _write(self, line: str, level: int) -> None:
+        if not self.batch:
+            self.acquire()  # emit holds it already (an RLock); write_event does not
+            try:
+                self.stream.write(line)
+            finally:
+                self.release()
+            return
+        with self._waiting:
+            pending = self._pending
+            pending.append(line)
+            self._pending_size += len(line)
+            urgent = level >= logging.WARNING or self._pending_size >= _FLUSH_SIZE
+            if not urgent:
+                if len(pending) == 1:  # the flusher waits only while nothing is pending
+                    self._start_flusher()
+                    self._waiting.notify()
+                return
+            lines = self._take()
+        self.stream.write(lines)
+        self.stream.flush()
 
     def _take(self) -> str:
         """Answer the waiting lines as one text and forget them (the caller holds the lock)."""
@@ -201,25 +245,45 @@ class LineHandler(logging.Handler):
         return self._text(record)
 
     def _text(self, record: logging.LogRecord) -> str:
+        attributes = record.__dict__
+        return self._text_line(
+            record.created,
+            int(record.msecs),
+            record.levelno,
+            record.name,
+            attributes.get("event"),
+            _message(record),
+            islice(attributes.items(), _BASE_ATTRIBUTES, None),
+            record.exc_info,
+        )
+
+    def _text_line(
+        self,
+        created: float,
+        msecs: int,
+        level: int,
+        logger: str,
+        event: object,
+        message: str,
+        fields: Iterable[tuple[str, Any]],
+        exc_info: _ExcInfo | None,
+    ) -> str:
         # This runs once per job at the CLI's default level: one pass over the fields ``extra=``
         # added (after the attributes every record has), the common field types inlined.
-        second = int(record.created)
+        second = int(created)
         if second != self._second:
             self._second = second
             self._clock = time.strftime("%H:%M:%S", time.localtime(second))
-        attributes = record.__dict__
-        event = attributes.get("event")
-        message = _message(record)
         if event is None:
-            head = f"{record.name}: {message}"
+            head = f"{logger}: {message}"
         else:
             head = f"{_EVENT_COLOR}{event}{_RESET}" if self.color else str(event)
             if message != event:
                 head += f" {message}"
         levels = _COLORED_LEVELS if self.color else _LEVELS
-        level = levels.get(record.levelno) or f"{record.levelname:<7}"
-        parts = [f"{self._clock}.{int(record.msecs):03d}", level, head]
-        for key, value in islice(attributes.items(), _BASE_ATTRIBUTES, None):
+        name = levels.get(level) or f"{logging.getLevelName(level):<7}"
+        parts = [f"{self._clock}.{msecs:03d}", name, head]
+        for key, value in fields:
             if key == "event" or key in _RECORD_ATTRIBUTES:
                 continue
             kind = value.__class__
@@ -233,32 +297,111 @@ class LineHandler(logging.Handler):
             else:
                 parts.append(f"{key}={_field_text(value)}")
         line = " ".join(parts)
-        if record.exc_info is not None:
-            line += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        if exc_info is not None and exc_info[0] is not None:
+            line += "\n" + "".join(traceback.format_exception(*exc_info)).rstrip()
         return line
 
     def _json(self, record: logging.LogRecord) -> str:
-        extras = islice(record.__dict__.items(), _BASE_ATTRIBUTES, None)
-        fields = {k: v for k, v in extras if k not in _RECORD_ATTRIBUTES}
-        event = fields.pop("event", None)
-        message = _message(record)
-        second = int(record.created)
+        attributes = record.__dict__
+        return self._json_line(
+            record.created,
+            int(record.msecs),
+            record.levelno,
+            record.name,
+            attributes.get("event"),
+            _message(record),
+            islice(attributes.items(), _BASE_ATTRIBUTES, None),
+            record.exc_info,
+        )
+
+    def _json_line(
+        self,
+        created: float,
+        msecs: int,
+        level: int,
+        logger: str,
+        event: object,
+        message: str,
+        fields: Iterable[tuple[str, Any]],
+        exc_info: _ExcInfo | None,
+    ) -> str:
+        second = int(created)
         if second != self._utc_second:
             self._utc_second = second
             self._utc = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         entry: dict[str, Any] = {
-            "ts": f"{self._utc}.{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
+            "ts": f"{self._utc}.{msecs:03d}Z",
+            "level": _LOWER_LEVELS.get(level) or logging.getLevelName(level).lower(),
+            "logger": logger,
             "event": event,
         }
         if event is None or message != event:
             entry["message"] = message
-        for key, value in fields.items():
-            entry.setdefault(key, value)
-        if record.exc_info is not None:
-            entry["exc"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        for key, value in fields:
+            if key != "event" and key not in _RECORD_ATTRIBUTES:
+                entry.setdefault(key, value)
+        if exc_info is not None and exc_info[0] is not None:
+            entry["exc"] = "".join(traceback.format_exception(*exc_info)).rstrip()
         return _ENCODE(entry)
+
+
+def _event_record(
+    level: int, logger: str, event: str, fields: Mapping[str, Any]
+) -> logging.LogRecord:
+    """Answer the record the logging module would make of ``event`` (for a handler's error)."""
+    record = logging.LogRecord(logger, level, "", 0, event, None, None)
+    record.__dict__.update(fields)
+    record.__dict__["event"] = event
+    return record
+
+
+def _sole_line_handler(logger: logging.Logger, level: int) -> LineHandler | None:
+    """Answer the :class:`LineHandler` that alone would write ``logger``'s record at ``level``.
+
+    ``None`` when anything else could see or stop the record: a filter on ``logger``, a
+    handler on it or on a parent before the root, a parent that does not propagate, another
+    handler on the root (pytest's ``caplog``, an application's own), or the handler's level.
+    A parent logger's filters never apply to a propagated record, so they are not asked.
+    """
+    if logger.filters or logger.disabled:
+        return None
+    node: logging.Logger | None = logger
+    while node is not None:
+        handlers = node.handlers
+        if node.parent is None:
+            if len(handlers) != 1:
+                return None
+            handler = handlers[0]
+            if handler.__class__ is not LineHandler or handler.filters or handler.level > level:
+                return None
+            return handler
+        if handlers or not node.propagate:
+            return None
+        node = node.parent
+    return None
+
+
+def log_event(logger: logging.Logger, level: int, event: str, fields: Mapping[str, Any]) -> None:
+    """Log ``event`` (the message and the ``event`` field) with ``fields`` as ``extra=``.
+
+    The same as ``logger.log(level, event, extra={"event": event, **fields})``, but when only
+    this module's handler would see the record the line is written without building one (see
+    the module docstring). ``fields`` must not name a ``LogRecord`` attribute.
+
+    Args:
+        logger: the logger the record belongs to (its name is the line's logger).
+        level: a ``logging`` level number.
+        event: the event name, e.g. ``"jobs.attempt.settled"``.
+        fields: the line's fields, in the order written; ``None`` values are left out of text
+            lines.
+    """
+    if not logger.isEnabledFor(level):
+        return
+    handler = _sole_line_handler(logger, level)
+    if handler is None:
+        logger.log(level, event, extra={"event": event, **fields})
+        return
+    handler.write_event(level, logger.name, event, fields)
 
 
 _SPACE = re.compile(r"\s").search

@@ -52,6 +52,7 @@ from jobs_core.errors import (
 from jobs_core.execute import Attempt, AttemptEnv, Outcome, execute, hand_back
 from jobs_core.job import REGISTRY, JobRegistry
 from jobs_core.limits import LimitGate, Limits
+from jobs_core.logs import log_event
 from jobs_core.metrics import JobsMetrics
 from jobs_core.types import (
     MAX_WORKER_IN_FLIGHT,
@@ -517,17 +518,19 @@ class Worker:
             self._wake.set()
         if not _log.isEnabledFor(logging.INFO):
             return
-        _log.info(
+        error = held.attempt.error
+        log_event(
+            _log,
+            logging.INFO,
             "jobs.attempt.settled",
-            extra={
-                "event": "jobs.attempt.settled",
+            {
                 "job": job.name,
                 "job_id": str(job.id),
                 "attempt": job.attempt,
                 "outcome": outcome,
                 # Why it failed, as stored on the row (an error's text, never the input).
-                "code": held.attempt.error.code if held.attempt.error else None,
-                "error": held.attempt.error.message[:300] if held.attempt.error else None,
+                "code": error.code if error else None,
+                "error": error.message[:300] if error else None,
             },
         )
 
