@@ -147,18 +147,19 @@ def _home() -> Path:
 
 
 class Proxy:
-    """A loopback TCP relay to one upstream port, switchable, counting bytes sent upstream.
+    """A loopback TCP relay to one upstream port, switchable, noting the statements it relays.
 
     Attributes:
         port: where clients connect.
         upstream: the port new connections are relayed to.
-        sent_at: upstream port -> monotonic time the relay last forwarded client bytes there.
+        statements: upstream port -> the monotonic times the relay forwarded a statement there
+            (a frontend ``Query``, ``Parse`` or ``Bind`` message), oldest first.
     """
 
     def __init__(self, upstream: int) -> None:
         self.upstream = upstream
         self.port = 0
-        self.sent_at: dict[int, float] = {}
+        self.statements: dict[int, list[float]] = {}
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
 
@@ -179,8 +180,8 @@ class Proxy:
             writer.close()
             return
         pipes = [
-            asyncio.ensure_future(self._pipe(reader, up_writer, target)),
-            asyncio.ensure_future(self._pipe(up_reader, writer, None)),
+            asyncio.ensure_future(self._pipe(reader, up_writer, target, _Frontend())),
+            asyncio.ensure_future(self._pipe(up_reader, writer, target, None)),
         ]
         self._pipes.update(pipes)
         await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
@@ -191,12 +192,16 @@ class Proxy:
             w.close()
 
     async def _pipe(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: int | None
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        upstream: int,
+        frontend: _Frontend | None,
     ) -> None:
         with contextlib.suppress(OSError):
             while data := await reader.read(65536):
-                if upstream is not None:
-                    self.sent_at[upstream] = time.monotonic()
+                if frontend is not None and (found := frontend.feed(data)):
+                    self.statements.setdefault(upstream, []).extend([time.monotonic()] * found)
                 writer.write(data)
                 await writer.drain()
 
@@ -206,3 +211,41 @@ class Proxy:
             self._server.close()
         for pipe in list(self._pipes):
             pipe.cancel()
+
+
+class _Frontend:
+    """Counts the statements in one client's byte stream (PostgreSQL's frontend protocol).
+
+    The first messages carry no type byte (an SSL or GSS encryption request, then the startup
+    message); every later one is a type byte and a length.
+    """
+
+    _ENCRYPTION_REQUESTS = (80877103, 80877104)
+    _STATEMENTS = (b"Q", b"P", b"B")
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._started = False
+
+    def feed(self, data: bytes) -> int:
+        """Take more of the stream; answer how many statements it completed."""
+        buffer = self._buffer
+        buffer += data
+        found = 0
+        while True:
+            if not self._started:
+                if len(buffer) < 8:
+                    return found
+                length = int.from_bytes(buffer[:4], "big")
+                if len(buffer) < length:
+                    return found
+                self._started = int.from_bytes(buffer[4:8], "big") not in self._ENCRYPTION_REQUESTS
+                del buffer[:length]
+                continue
+            if len(buffer) < 5:
+                return found
+            length = int.from_bytes(buffer[1:5], "big")
+            if len(buffer) < 1 + length:
+                return found
+            found += bytes(buffer[:1]) in self._STATEMENTS
+            del buffer[: 1 + length]
