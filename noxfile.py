@@ -2,10 +2,10 @@
 
 ``nox`` runs the default sessions (``nox.options.sessions`` below: lint, typecheck, the core
 tests, then each driver's tests and conformance, the other packages' tests, and ``pg-restart``
-last, which restarts the local PostgreSQL server); ``nox -s demo`` runs the demo. Each driver
-package adds a ``conformance-<driver>`` session that runs the jobs-conformance suite against its
-driver (its tests' conftest opts in; ``-m conformance``). Every tool and test dependency is
-pinned once, in ``PINS``, so sessions never disagree.
+last, the slowest: it starts private PostgreSQL servers of its own); ``nox -s demo`` runs the
+demo. Each driver package adds a ``conformance-<driver>`` session that runs the jobs-conformance
+suite against its driver (its tests' conftest opts in; ``-m conformance``). Every tool and test
+dependency is pinned once, in ``PINS``, so sessions never disagree.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ nox.options.sessions = [
     "tests-import-export",
     "tests-dashboard",
     "tests-subject",
-    # Last: it restarts the PostgreSQL server.
+    # Last, the slowest (~4 min): outages on private servers it starts, never the shared one.
     "pg-restart",
 ]
 nox.options.reuse_existing_virtualenvs = False
@@ -246,7 +246,12 @@ def tests_subject(session: nox.Session) -> None:
 
 @nox.session(name="pg-restart", python=PYTHON)
 def pg_restart(session: nox.Session) -> None:
-    """Restart PostgreSQL under a running worker (jobs-pg's ``slow`` tests): run it alone."""
+    """Outages under a running worker (jobs-pg's ``slow`` tests): restart, read-only, failover.
+
+    Each test starts PRIVATE PostgreSQL servers (initdb into a temp dir, pg_ctl on a free
+    loopback port, a pg_basebackup replica, as the ``postgres`` OS user under root) and a TCP
+    proxy, and removes them; the shared server at 127.0.0.1:5432 is never touched.
+    """
     session.install("-e", CORE, "-e", CONFORMANCE, "-e", PG, *TEST_DEPS)
     session.run("pytest", f"{PG}/tests", "-m", "slow and not soak", "-q", *session.posargs)
 

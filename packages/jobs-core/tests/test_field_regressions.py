@@ -357,3 +357,23 @@ async def test_an_unwound_saga_is_requeued_only_from_its_first_compensated_step(
     row = await driver.introspect.get(result.id)
     assert row is not None and row.state == JobState.DONE
     assert effects[4:] == ["flight", "hotel", "car"]
+
+
+async def test_an_abandoned_body_closed_later_closes_quietly() -> None:
+    # A timed-out async body is left running; when nothing references it any more the collector
+    # closes its coroutine, throwing GeneratorExit in: it must leave unchanged (issue 14 item 12),
+    # not as a BodyExitError the interpreter reports as unraisable.
+    from jobs_core.execute import _guarded
+
+    closed: list[str] = []
+
+    async def body() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            closed.append("body")
+
+    guarded = _guarded(body())
+    guarded.send(None)
+    guarded.close()
+    assert closed == ["body"]

@@ -24,11 +24,12 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, cast
 
+from jobs_core._settle import SettleRetry
 from jobs_core._threads import run_in_thread
 from jobs_core.clock import SYSTEM_CLOCK, Clock
 from jobs_core.context import CancelSignal, JobContext, JobIds, JobLogger
@@ -100,6 +101,8 @@ class AttemptEnv:
         clock: the worker's clock.
         visibility_timeout_ms: the lease each claim buys (fleet slots expire with it too).
         draining: ``True`` once the worker drains (an unwinding body is then interrupted).
+        settle_retry: retries settles and step writes refused with ``X_DRIVER_UNAVAILABLE``
+            while the lease can hold (``None``: one try, the failure propagates).
     """
 
     driver: JobDriver
@@ -107,6 +110,7 @@ class AttemptEnv:
     clock: Clock
     visibility_timeout_ms: int
     draining: bool = False
+    settle_retry: SettleRetry | None = None
     events: EventBus | None = field(init=False)
     leases: LeaseStore | None = field(init=False)
     introspect: Introspector | None = field(init=False)
@@ -242,8 +246,9 @@ async def _run(
     job = attempt.job
     fence = job.fence  # a property that builds a Fence per read
     records = await env.driver.steps.load(job.run_id)
+    steps = env.driver.steps
     runner = StepRunner(
-        store=env.driver.steps,
+        store=steps if env.settle_retry is None else env.settle_retry.steps(steps, job),
         job_id=job.id,
         fence=fence,
         run_id=job.run_id,
@@ -302,7 +307,9 @@ async def _run(
     # a fleet concurrency slot is held (released after the ack: the next row would meet it).
     if attempt.body_over is not None and handle.on_settled is None and attempt.slot is None:
         attempt.body_over()
-    landed = await env.driver.ack(job.id, settle)
+    landed = await _settling(
+        env, job, "completed", functools.partial(env.driver.ack, job.id, settle)
+    )
     attempt.settled = True
     return "completed" if landed else _lost(job, "ack")
 
@@ -365,7 +372,8 @@ def _exit_error(exc: BaseException) -> BodyExitError:
 async def _guarded(body: Coroutine[Any, Any, Any]) -> Any:
     try:
         return await body
-    except (asyncio.CancelledError, StepSuspended, UnwindReached, Exception):
+    except (asyncio.CancelledError, GeneratorExit, StepSuspended, UnwindReached, Exception):
+        # GeneratorExit: the coroutine of an abandoned (timed-out) body is being closed.
         raise
     except BaseException as exc:
         raise _exit_error(exc) from None
@@ -530,12 +538,21 @@ async def _settle(
 ) -> Outcome:
     """Nack fenced on the attempt's claim; answer ``outcome``, or ``lost`` if the fence failed."""
     job = attempt.job
-    landed = await env.driver.nack(job.id, opts)
+    landed = await _settling(env, job, outcome, functools.partial(env.driver.nack, job.id, opts))
     attempt.settled = True
     if not landed:
         return _lost(job, outcome)
     attempt.error = opts.error
     return outcome
+
+
+async def _settling(
+    env: AttemptEnv, job: ClaimedJob, outcome: Outcome, call: Callable[[], Awaitable[bool]]
+) -> bool:
+    """Send a fenced settle once, or through the worker's retry when it has one."""
+    if env.settle_retry is None:
+        return await call()
+    return await env.settle_retry.run(job, outcome, call)
 
 
 def _lost(job: ClaimedJob, during: str) -> Outcome:

@@ -38,6 +38,7 @@ from uuid import UUID, uuid4
 
 from jobs_core._current import bind_worker
 from jobs_core._durations import Duration, parse_duration
+from jobs_core._settle import SettleAbandonedError, SettleRetry
 from jobs_core._tracing import attempt_span
 from jobs_core.clock import SYSTEM_CLOCK, Clock
 from jobs_core.driver import JobDriver, capability, preflight
@@ -288,7 +289,13 @@ class Worker:
         self._check_enforceable()
         await preflight(self.driver)
         loop = asyncio.get_running_loop()
-        self._env = AttemptEnv(self.driver, self.registry, self.clock, self.visibility_timeout_ms)
+        self._env = AttemptEnv(
+            self.driver,
+            self.registry,
+            self.clock,
+            self.visibility_timeout_ms,
+            settle_retry=SettleRetry(self._lease_left),
+        )
         unsubscribe = None
         wake = capability(self.driver, "wake")
         if wake is not None:
@@ -493,6 +500,8 @@ class Worker:
                     else await hand_back(self.driver, job)
                 )
                 traced(outcome)
+        except SettleAbandonedError:
+            outcome = "lost"  # logged jobs.settle.abandoned; the lease lapses, the row re-runs
         except Exception as exc:
             _log.error(
                 "jobs.attempt.crashed",
@@ -533,6 +542,17 @@ class Worker:
                 "error": error.message[:300] if error else None,
             },
         )
+
+    def _lease_left(self, job: ClaimedJob) -> float:
+        """Answer how long (s) a held row's lease may still be valid (a settle retries that long).
+
+        The lease was bought or renewed no later than the last renewal landed, so it is surely
+        gone one visibility timeout after that; a lost or no longer held row has none left.
+        """
+        held = self._held.get((job.id, job.claim))
+        if held is None or held.attempt.lost:
+            return 0.0
+        return held.last_landed + self.visibility_timeout_ms / 1000 - self.clock.monotonic()
 
     async def _heartbeats(self) -> None:
         while True:

@@ -5,6 +5,14 @@ every statement with the clock parameter and turns connection failures into
 ``DriverUnavailableError``: a caller never sees a psycopg error for a lost server, and the pool is
 told to re-check its idle connections so the next call gets a live one.
 
+A server that refuses writes (SQLSTATE 25006 ``read_only_sql_transaction``, or an "in recovery"
+refusal: a demoted primary, a hot standby behind a moved VIP, a read-only window) is an outage
+too, not an app error: the refusing connection is closed (never back to the pool as healthy), the
+owned pool is drained (every idle connection replaced, every lent one closed when it comes back)
+and the caller gets ``X_DRIVER_UNAVAILABLE``. Every connection the driver dials asks for
+``target_session_attrs=read-write`` (unless the conninfo names its own), so the re-dial reaches
+the primary: after a failover behind a stable DNS name or VIP, or once the window ends.
+
 Every statement runs in autocommit on a pool connection: one statement is one transaction, so a
 failure leaves nothing half-written. The few operations that need more than one statement
 (lease acquire, a scheduler fire, a large ``enqueue_many``) open an explicit transaction.
@@ -47,6 +55,26 @@ UNAVAILABLE: tuple[type[Exception], ...] = (
 
 Row = tuple[Any, ...]
 
+READ_ONLY_STATE = "25006"
+"""SQLSTATE ``read_only_sql_transaction``: a read-only server (``default_transaction_read_only``)
+or a hot standby ("cannot execute ... during recovery")."""
+
+IN_RECOVERY_STATE = "55000"
+"""SQLSTATE ``object_not_in_prerequisite_state``, which a standby answers for what needs a
+primary (an advisory lock "while recovery is in progress"); only with "recovery" in the text."""
+
+DRAIN_EVERY_S = 1.0
+"""The shortest interval (s) between two drains of the owned pool after write refusals."""
+
+
+def refuses_writes(exc: BaseException) -> bool:
+    """Answer whether ``exc`` is a server refusing writes (read-only, or in recovery)."""
+    if not isinstance(exc, psycopg.Error):
+        return False
+    if exc.sqlstate == READ_ONLY_STATE:
+        return True
+    return exc.sqlstate == IN_RECOVERY_STATE and "recovery" in (exc.diag.message_primary or "")
+
 
 def refused_value(exc: psycopg.DataError) -> DriverRequestInvalidError:
     """Answer the refusal of a value the server would not take, without the server's text.
@@ -75,6 +103,17 @@ def application_name(conninfo: str, name: str) -> dict[str, str]:
     if "application_name" in conninfo_to_dict(conninfo):
         return {}
     return {"application_name": name}
+
+
+def read_write(conninfo: str) -> dict[str, str]:
+    """Answer ``{"target_session_attrs": "read-write"}`` unless the conninfo names its own.
+
+    libpq then skips a server that answers read-only (a standby, a demoted primary) and dials the
+    next host of a multi-host URL, or fails the dial so the pool tries again later.
+    """
+    if "target_session_attrs" in conninfo_to_dict(conninfo):
+        return {}
+    return {"target_session_attrs": "read-write"}
 
 
 WARM_RUNS = 6
@@ -155,6 +194,7 @@ class Db:
                 "autocommit": True,
                 "prepare_threshold": prepare_threshold,
                 **application_name(conninfo, f"jobs-pg:{schema}"),
+                **read_write(conninfo),
             },
             "name": f"jobs-pg:{schema}",
         }
@@ -168,6 +208,8 @@ class Db:
         # step store answers their first load from here instead of a query.
         self.stepless: OrderedDict[UUID, None] = OrderedDict()
         self._checking: asyncio.Task[None] | None = None
+        self._draining: asyncio.Task[None] | None = None
+        self._drained_at = float("-inf")
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Set up a new pool connection: UTC, JIT off, and the hot statements planned.
@@ -267,9 +309,21 @@ class Db:
         if self.owned and (self._checking is None or self._checking.done()):
             self._checking = asyncio.get_running_loop().create_task(self._check())
 
-    async def _check(self) -> None:
+    def _refused(self) -> None:
+        """Drain the owned pool after a write refusal (at most once per :data:`DRAIN_EVERY_S`).
+
+        Its other connections reach the same read-only server; a re-dial (read-write) reaches
+        the primary, or fails until there is one.
+        """
+        loop = asyncio.get_running_loop()
+        if not self.owned or loop.time() - self._drained_at < DRAIN_EVERY_S:
+            return
+        self._drained_at = loop.time()
+        self._draining = loop.create_task(self._check(drain=True))
+
+    async def _check(self, *, drain: bool = False) -> None:
         try:
-            await self.pool.check()
+            await (self.pool.drain() if drain else self.pool.check())
         except Exception as exc:  # the next call reports the outage; this is housekeeping
             _log.debug(
                 "jobs.pg.check-failed", extra={"event": "jobs.pg.check-failed", "error": str(exc)}
@@ -281,7 +335,8 @@ class Db:
 
         Raises:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached,
-                the connection broke, or the driver is closed.
+                the connection broke, the server refused writes (read-only or in recovery: the
+                connection is then closed and the pool drained), or the driver is closed.
             DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` when the server refused a
                 value (out of range, not valid JSON).
             SchemaNotMigratedError: ``X_SCHEMA_NOT_MIGRATED`` when a statement met a table or
@@ -292,7 +347,13 @@ class Db:
         pool = await self._ready()
         try:
             async with pool.connection() as conn:
-                yield conn
+                try:
+                    yield conn
+                except psycopg.Error as exc:
+                    if refuses_writes(exc):
+                        # Closed, so the pool discards it rather than lend it again.
+                        await conn.close()
+                    raise
         except psycopg.DataError as exc:
             raise refused_value(exc) from None
         except UNAVAILABLE as exc:
@@ -301,6 +362,15 @@ class Db:
                 f"postgresql is unavailable: {type(exc).__name__}: {exc}", driver="postgresql"
             ) from exc
         except psycopg.Error as exc:
+            if refuses_writes(exc):
+                self._refused()
+                raise DriverUnavailableError(
+                    f"postgresql refused a write (SQLSTATE {exc.sqlstate}: "
+                    f"{exc.diag.message_primary}): the server is read-only or in recovery; "
+                    "the driver re-dials the primary",
+                    driver="postgresql",
+                    sqlstate=exc.sqlstate,
+                ) from exc
             mapped = statement_error(exc, self._conninfo, self.schema)
             if mapped is None:
                 raise
@@ -366,7 +436,8 @@ class Db:
     async def close(self) -> None:
         """Refuse every later call; close the pool if it is owned."""
         self._closed = True
-        if self._checking is not None:
-            self._checking.cancel()
+        for task in (self._checking, self._draining):
+            if task is not None:
+                task.cancel()
         if self.owned and self._opened:
             await self.pool.close()

@@ -17,6 +17,13 @@ NOTIFY beyond one per slot. A probe NOTIFY sent through the pool must come back 
 
 A connection error ends the listener the same way. Re-dials back off from 0.25 s to 30 s.
 Meanwhile workers poll (the poll is the guarantee; a wake only makes pickup immediate).
+
+Stopping cannot hang. On Python 3.11 a cancel that lands while ``wait_for``'s inner call is
+completing is swallowed (and a driver call may swallow one too), so a stop that cancelled the
+listener once and awaited it without bound hung about once in 10-20 stops landing a few ms after
+the start. A stop now sets the listener's stop flag (checked at every turn of its loops), cancels
+it again every :data:`STOP_CANCEL_EVERY_S` up to :data:`STOP_CANCELS` times, and then leaves it,
+logged ``jobs.wake.stop-abandoned``; the listener's own waits use ``asyncio.timeout``.
 """
 
 from __future__ import annotations
@@ -26,14 +33,14 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 from uuid import uuid4
 
 import psycopg
 from psycopg import sql
 
 from jobs_core.errors import DriverUnavailableError
-from jobs_pg._db import Db, application_name
+from jobs_pg._db import Db, application_name, read_write
 
 _log = logging.getLogger("jobs.wake")
 
@@ -41,6 +48,12 @@ BACKOFF_MIN_S = 0.25
 BACKOFF_MAX_S = 30.0
 REARM_RETRY_MIN_S = 0.005
 REARM_RETRY_MAX_S = 1.0
+STOP_CANCEL_EVERY_S = 0.1
+"""How long (s) a stop waits for the listener after each cancel before cancelling it again."""
+STOP_CANCELS = 10
+"""How many cancels a stop sends before it leaves the listener (a stop takes ~1 s at most)."""
+READER_STOP_S = 1.0
+"""How long (s) a session that ends waits for its notification reader to finish."""
 
 _Subscriber = tuple[asyncio.AbstractEventLoop, Callable[[str], None]]
 
@@ -78,6 +91,8 @@ class PgWakeSource:
         self._subscribers: dict[int, _Subscriber] = {}
         self._tokens = itertools.count()
         self._task: asyncio.Task[None] | None = None
+        # The running listener's stop flag (a new listener gets a new one).
+        self._stop_flag: asyncio.Event | None = None
         self._probe_seen: asyncio.Event | None = None
         self._probe_payload = ""
         self._warned_unverified = False
@@ -108,7 +123,8 @@ class PgWakeSource:
         token = next(self._tokens)
         self._subscribers[token] = (loop, callback)
         if self._task is None or self._task.done():
-            self._task = loop.create_task(self._listen())
+            self._stop_flag = asyncio.Event()
+            self._task = loop.create_task(self._listen(self._stop_flag))
 
         async def unsubscribe() -> None:
             self._subscribers.pop(token, None)
@@ -124,13 +140,27 @@ class PgWakeSource:
         await self._stop()
 
     async def _stop(self) -> None:
+        """End the listener: its stop flag, then bounded repeated cancels (no unbounded wait)."""
         for retry in list(self._rearming):
             retry.cancel()
         task, self._task = self._task, None
-        if task is not None and not task.done():
+        flag, self._stop_flag = self._stop_flag, None
+        if flag is not None:
+            flag.set()
+        if task is None:
+            return
+        for _ in range(STOP_CANCELS):
+            if task.done():
+                break
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait({task}, timeout=STOP_CANCEL_EVERY_S)
+        if not task.done():
+            _log.warning(
+                "jobs.wake.stop-abandoned",
+                extra={"event": "jobs.wake.stop-abandoned", "channel": self._channel},
+            )
+        elif not task.cancelled():
+            task.exception()  # retrieved: a listener that ended by its flag returned cleanly
 
     async def rearm(self, queues: Sequence[str]) -> bool:
         """Re-arm the wake of ``queues`` after a claim over them found nothing.
@@ -206,13 +236,13 @@ class PgWakeSource:
                 # The subscriber's loop is closed: it can never be told again.
                 self._subscribers.pop(token, None)
 
-    async def _listen(self) -> None:
-        """Dial, LISTEN, prove, relay; on any loss, back off and dial again (until cancelled)."""
+    async def _listen(self, stop: asyncio.Event) -> None:
+        """Dial, LISTEN, prove, relay; on any loss, back off and dial again (until stopped)."""
         backoff = BACKOFF_MIN_S
-        while True:
+        while not stop.is_set():
             was_live = False
             try:
-                await self._session()
+                await self._session(stop)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -227,10 +257,12 @@ class PgWakeSource:
                 self.backend_pid = None
             # A connection that had been live is re-dialled at once; repeated failures back off.
             backoff = BACKOFF_MIN_S if was_live else min(backoff * 2, BACKOFF_MAX_S)
-            await asyncio.sleep(backoff)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(backoff):
+                    await stop.wait()
 
-    async def _session(self) -> NoReturn:
-        """Run one LISTEN connection until it is lost (it never returns normally).
+    async def _session(self, stop: asyncio.Event) -> None:
+        """Run one LISTEN connection until it is lost, or until ``stop`` is set (then return).
 
         Raises:
             Exception: whatever ended it (a connection error, or a probe that never came back).
@@ -244,16 +276,20 @@ class PgWakeSource:
             "keepalives_interval": 5,
             "keepalives_count": 3,
             **application_name(self._conninfo, f"jobs-pg:{self._db.schema}:wake"),
+            # LISTEN is refused on a standby; after a failover the dial finds the new primary.
+            **read_write(self._conninfo),
         }
         conn = await psycopg.AsyncConnection.connect(self._conninfo, **options)
         reader: asyncio.Task[None] | None = None
         try:
+            if stop.is_set():
+                return
             for channel in (self._channel, self._probe_channel):
                 await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
             self.backend_pid = conn.info.backend_pid
             self._probe_seen = asyncio.Event()
             reader = asyncio.get_running_loop().create_task(self._read(conn))
-            if not await self._probe(reader):
+            if not await self._probe(reader) and not stop.is_set():
                 if not self._warned_unverified:
                     self._warned_unverified = True
                     _log.warning(
@@ -266,6 +302,8 @@ class PgWakeSource:
                         },
                     )
                 raise TimeoutError("the wake probe did not come back")
+            if stop.is_set():
+                return
             self.live = True
             # Whatever was enqueued while nothing listened is due now: wake every queue once.
             for row in await self._db.rows("queue_names", {}):
@@ -278,8 +316,10 @@ class PgWakeSource:
                     "pid": self.backend_pid,
                 },
             )
-            while True:
+            while not stop.is_set():
                 done, _ = await asyncio.wait({reader}, timeout=self.probe_interval)
+                if stop.is_set():
+                    return
                 if done:
                     reader.result()  # raises the connection error that ended it
                     raise ConnectionError("the LISTEN connection stopped delivering")
@@ -288,8 +328,7 @@ class PgWakeSource:
         finally:
             if reader is not None:
                 reader.cancel()
-                with contextlib.suppress(BaseException):
-                    await reader
+                await asyncio.wait({reader}, timeout=READER_STOP_S)
             with contextlib.suppress(Exception):
                 await conn.close()
 
@@ -307,12 +346,11 @@ class PgWakeSource:
         self._probe_seen.clear()
         self._probe_payload = uuid4().hex
         try:
-            await asyncio.wait_for(
-                self._db.rows(
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a stop's cancel.
+            async with asyncio.timeout(self.probe_timeout):
+                await self._db.rows(
                     "wake_probe", {"channel": self._probe_channel, "payload": self._probe_payload}
-                ),
-                self.probe_timeout,
-            )
+                )
         except (DriverUnavailableError, TimeoutError):
             return False
         seen = asyncio.ensure_future(self._probe_seen.wait())
