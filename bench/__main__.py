@@ -12,6 +12,7 @@ Examples:
     python -m bench --dashboard                  # the dashboard's jobs list over 1M pg rows
     python -m bench --backfill --quick           # a killed pass, the throttle (bench/backfill.py)
     python -m bench --timers [--quick]           # lateness of 200 delayed jobs (bench/timers.py)
+    python -m bench --soak 30 [--rate 1500]      # enqueue + drain + retention for 30 min (soak.py)
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ def main(argv: list[str]) -> int:
         from bench.webhooks import main as webhooks_main
 
         return webhooks_main([a for a in argv if a != "--webhooks"])
+    if "--soak" in argv:
+        from bench.soak import main as soak_main
+
+        return soak_main([a for a in argv if a != "--soak"])
     if "--timers" in argv:
         from bench.timers import main as timers_main
 
