@@ -41,6 +41,8 @@ from bench.common import ROOT, drop_database, fresh_database, percentile, rss_ki
 DATABASE = "bench_i23_soak"
 QUEUE = "soak"
 CALLERS = 8
+REPORT_S = 2.0
+"""How often the children print (the enqueuer its total so far, the worker its new pickups)."""
 
 
 class Tick(BaseModel):
@@ -84,18 +86,9 @@ async def _worker(url: str) -> None:
     loop.add_signal_handler(signal.SIGTERM, worker.request_drain)
     running = asyncio.create_task(worker.run())
     while not running.done():
-        await asyncio.wait({running}, timeout=60)
+        await asyncio.wait({running}, timeout=REPORT_S)
         taken, pickups[:] = list(pickups), []
-        print(
-            json.dumps(
-                {
-                    "ran": len(taken),
-                    "p50": percentile(taken, 50) if taken else None,
-                    "p95": percentile(taken, 95) if taken else None,
-                }
-            ),
-            flush=True,
-        )
+        print(json.dumps({"pickups": [round(ms, 2) for ms in taken]}), flush=True)
     running.result()
 
 
@@ -123,12 +116,10 @@ async def _enqueuer(url: str, rate: float) -> None:
             due += interval
 
     async def report() -> None:
-        nonlocal count
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 60)
+                await asyncio.wait_for(stop.wait(), REPORT_S)
             print(json.dumps({"enqueued": count}), flush=True)
-            count = 0
 
     with use_driver(driver):
         callers = [asyncio.create_task(caller(n)) for n in range(CALLERS)]
@@ -247,19 +238,21 @@ def main(argv: list[str]) -> int:
     )
     sweeper.start()
     minutes: list[dict[str, Any]] = []
+    enqueued_before = 0
     started = time.monotonic()
     try:
         for minute in range(1, int(args.minutes) + 1):
             time.sleep(max(0.0, started + minute * 60 + 1 - time.monotonic()))
-            ran = worker_lines.take()
+            picked = [ms for line in worker_lines.take() for ms in line["pickups"]]
             enq = enqueuer_lines.take()
+            total = enq[-1]["enqueued"] if enq else enqueued_before
             tables = _tables(url)
             row = {
                 "minute": minute,
-                "enqueued_per_s": sum(e["enqueued"] for e in enq) / 60,
-                "processed_per_s": sum(r["ran"] for r in ran) / 60,
-                "pickup_p50_ms": ran[-1]["p50"] if ran else None,
-                "pickup_p95_ms": ran[-1]["p95"] if ran else None,
+                "enqueued_per_s": (total - enqueued_before) / 60,
+                "processed_per_s": len(picked) / 60,
+                "pickup_p50_ms": percentile(picked, 50) if picked else None,
+                "pickup_p95_ms": percentile(picked, 95) if picked else None,
                 "backlog": tables["states"].get("ready", 0) + tables["states"].get("delayed", 0),
                 "jobs_mb": tables.get("jobs", {}).get("bytes", 0) / 2**20,
                 "steps_mb": tables.get("job_steps", {}).get("bytes", 0) / 2**20,
@@ -270,6 +263,7 @@ def main(argv: list[str]) -> int:
                 "worker_rss_mb": rss_kib(worker.pid) / 1024,
             }
             minutes.append(row)
+            enqueued_before = total
             p50, p95 = row["pickup_p50_ms"], row["pickup_p95_ms"]
             print(
                 f"min {minute:>3}: enqueue {row['enqueued_per_s']:7,.0f}/s  process "
