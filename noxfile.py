@@ -305,7 +305,10 @@ def bench(session: nox.Session) -> None:
     jobs-import-export and jobs-dashboard (editable), the floors' clients, uvicorn, httpx and the
     profiler; the pinned peers only when ``--peers`` is passed. ``--webhooks`` runs the webhook
     figures instead (bench/webhooks.py), ``--import-export`` the import/export ones
-    (bench/import_export.py), ``--dashboard`` the dashboard's (bench/dashboard.py).
+    (bench/import_export.py), ``--dashboard`` the dashboard's (bench/dashboard.py),
+    ``--timers`` the lateness of delayed jobs (bench/timers.py), ``--soak MINUTES`` enqueue and
+    processing at once with the retention sweep (bench/soak.py; autovacuum on: point
+    ``BENCH_PG_PORT`` at a server of its own when the shared one has it off).
     """
     from pathlib import Path
 

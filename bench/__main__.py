@@ -11,6 +11,8 @@ Examples:
     python -m bench --import-export --instructions  # ... and instructions per row (valgrind)
     python -m bench --dashboard                  # the dashboard's jobs list over 1M pg rows
     python -m bench --backfill --quick           # a killed pass, the throttle (bench/backfill.py)
+    python -m bench --timers [--quick]           # lateness of 200 delayed jobs (bench/timers.py)
+    python -m bench --soak 30 [--rate 1500]      # enqueue + drain + retention for 30 min (soak.py)
 """
 
 from __future__ import annotations
@@ -90,6 +92,14 @@ def main(argv: list[str]) -> int:
         from bench.webhooks import main as webhooks_main
 
         return webhooks_main([a for a in argv if a != "--webhooks"])
+    if "--soak" in argv:
+        from bench.soak import main as soak_main
+
+        return soak_main([a for a in argv if a != "--soak"])
+    if "--timers" in argv:
+        from bench.timers import main as timers_main
+
+        return timers_main([a for a in argv if a != "--timers"])
     if "--backfill" in argv:
         from bench.backfill import main as backfill_main
 

@@ -31,6 +31,7 @@ WORKLOADS = {
     "floor-redis-plain": "bench.floors:redis_plain",
     "floor-redis-pipelined": "bench.floors:redis_pipelined",
     "peer": "bench.peers:run_peer_workload",
+    "timers": "bench.timers:child",
     "ie-import": "bench.import_export:child_import",
     "ie-floor": "bench.import_export:child_floor",
     "ie-export": "bench.import_export:child_export",

@@ -760,7 +760,7 @@ def test_jobs_worker_serves_metrics_on_its_port(tmp_path: Path) -> None:
             ("job_duration_seconds_count", (("job", "m.ok"), ("queue", "default"))): 2,
             ("queue_depth", (("queue", "backlog"),)): 2,
             ("queue_demand", (("queue", "backlog"),)): 2,
-            ("job_worker_capacity", ()): 8,
+            ("job_worker_capacity", ()): 64,  # DEFAULT_CONCURRENCY, one queue
         }
         got: dict[Any, float] = {}
         while time.monotonic() < deadline:

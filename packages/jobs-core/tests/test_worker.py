@@ -242,7 +242,7 @@ async def test_a_claimed_body_starts_before_the_next_claim(registry: JobRegistry
 
     So an idle worker's pickup latency does not include building and sending the next claim.
     """
-    events = await _claims_and_bodies(registry, 1)
+    events = await _claims_and_bodies(registry, 1, concurrency=8)
     assert events[:2] == ["claim 4", "body"]
 
 

@@ -133,21 +133,28 @@ async def test_the_migrated_schema_is_the_declared_one(pg_url: str, migrated: st
     assert sorted(functions) == ["claim_waiting", "run_id_taken", "wake", "wake_arm"]
 
 
-async def test_autovacuum_visits_the_jobs_table_early(pg_url: str, migrated: str) -> None:
-    """Claims step over the index entries of rows settled since the last vacuum (0003)."""
+async def test_autovacuum_visits_the_jobs_and_steps_tables_early(
+    pg_url: str, migrated: str
+) -> None:
+    """Claims step over the index entries of rows settled since the last vacuum (0003); steps
+    churn with every durable run and every purge, and a pass runs at a queue's budget (0008)."""
     async with await psycopg.AsyncConnection.connect(pg_url) as conn:
         cur = await conn.execute(
-            "SELECT c.reloptions FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %s AND c.relname = 'jobs'",
+            "SELECT c.relname, c.reloptions FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname IN ('jobs', 'job_steps')",
             (migrated,),
         )
-        [(options,)] = await cur.fetchall()
-    assert sorted(options) == [
+        options = {name: sorted(opts) for name, opts in await cur.fetchall()}
+    queue = [
         "autovacuum_analyze_scale_factor=0.02",
+        "autovacuum_vacuum_cost_delay=1",
+        "autovacuum_vacuum_cost_limit=2000",
         "autovacuum_vacuum_insert_scale_factor=0.02",
         "autovacuum_vacuum_scale_factor=0.02",
         "autovacuum_vacuum_threshold=1000",
     ]
+    assert options == {"jobs": queue, "job_steps": queue}
 
 
 async def test_concurrent_migrates_all_succeed_and_apply_each_file_once(

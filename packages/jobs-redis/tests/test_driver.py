@@ -977,23 +977,24 @@ async def test_wake_hears_due_enqueues_nacks_and_resumes(driver: RedisDriver) ->
     unsubscribe = await driver.wake.subscribe(heard.append)
     await asyncio.sleep(0.2)
     await driver.enqueue(request("a"))
-    await driver.enqueue(request("later", delay_ms=60_000))
+    await driver.enqueue(request("later", delay_ms=60_000))  # the first row for later wakes
+    await driver.enqueue(request("later still", delay_ms=90_000))  # not first: no wake
     await driver.enqueue_many([request("b", queue="q2"), request("c", queue="q2")])
     await driver.enqueue(request("a"))  # deduped: nothing new is due
     await asyncio.sleep(0.1)
-    assert heard == ["default", "q2"]
+    assert heard == ["default", "default", "q2"]
     [job] = await claim(driver, "q2", limit=1)
     await driver.nack(job.id, NackOptions(job.fence))
     await driver.operator.pause_queue("q3")
     await driver.operator.resume_queue("q3")
     await driver.operator.resume_queue("q3")  # not paused any more: no wake
     await asyncio.sleep(0.1)
-    assert heard == ["default", "q2", "q2", "q3"]
+    assert heard == ["default", "default", "q2", "q2", "q3"]
     assert driver.wake.healthy
     await unsubscribe()
     await driver.enqueue(request("d"))
     await asyncio.sleep(0.1)
-    assert heard == ["default", "q2", "q2", "q3"]
+    assert heard == ["default", "default", "q2", "q2", "q3"]
 
 
 async def test_concurrent_enqueuers_of_one_key_make_one_live_row(

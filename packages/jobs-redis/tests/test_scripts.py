@@ -67,6 +67,7 @@ async def test_every_script_is_called_by_the_driver(throwaway: Throwaway) -> Non
     await op.resume_queue("default")
     await driver.stats()
     await driver.demand()
+    await driver.wake.next_due_ms(["default"])
     await driver.events.publish(PublishRequest("e", {"a": 1}, None, 1_000))
     await driver.events.find(EventQuery("e", datetime(2000, 1, 1, tzinfo=UTC)))
     await driver.events.purge_expired()

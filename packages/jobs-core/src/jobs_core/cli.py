@@ -38,6 +38,7 @@ from jobs_core.metrics import JobsMetrics, MetricsServer
 from jobs_core.outbox import Relay, installed_outbox
 from jobs_core.scheduler import Scheduler
 from jobs_core.task import TASK_REGISTRY
+from jobs_core.worker import DEFAULT_CONCURRENCY
 
 ENTRY_POINT_GROUP = "jobs.cli"
 """The entry-point group through which sibling distributions add commands."""
@@ -330,7 +331,13 @@ QueuesOption = Annotated[
     ),
 ]
 ConcurrencyOption = Annotated[
-    int, typer.Option("--concurrency", min=1, help="Jobs run at once, per queue.")
+    int,
+    typer.Option(
+        "--concurrency",
+        min=1,
+        help="Jobs run at once, per queue. The default suits I/O-bound async bodies; CPU-bound "
+        "or sync (threaded) bodies want about the cores or the threads they can use.",
+    ),
 ]
 VisibilityOption = Annotated[
     str,
@@ -373,7 +380,7 @@ def worker(
         ),
     ],
     queues: QueuesOption = None,
-    concurrency: ConcurrencyOption = 8,
+    concurrency: ConcurrencyOption = DEFAULT_CONCURRENCY,
     visibility_timeout: VisibilityOption = "30s",
     drain_timeout: DrainOption = "25s",
     log_level: LogLevelOption = LogLevel.INFO,
@@ -423,7 +430,7 @@ def dev(
         str, typer.Option("--driver", help="The driver URL (in-memory unless you name one).")
     ] = "memory://",
     queues: QueuesOption = None,
-    concurrency: ConcurrencyOption = 8,
+    concurrency: ConcurrencyOption = DEFAULT_CONCURRENCY,
     visibility_timeout: VisibilityOption = "30s",
     drain_timeout: DrainOption = "25s",
     log_level: LogLevelOption = LogLevel.INFO,

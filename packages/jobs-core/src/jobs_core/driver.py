@@ -538,6 +538,28 @@ class WakeSource(Protocol):
 
 
 @runtime_checkable
+class TimedWakeSource(WakeSource, Protocol):
+    """A wake source that also knows when the next row falls due.
+
+    An idle worker sleeps until then instead of polling. Its subscribers are also told a queue's
+    name when a row enqueued for later becomes that queue's earliest waiting row (an idle worker
+    then asks :meth:`next_due_ms` again).
+    """
+
+    async def next_due_ms(self, queues: Sequence[str]) -> int | None:
+        """Answer the milliseconds until a row of ``queues`` falls due, or ``None`` for none.
+
+        Measured on the backend's clock; ``0`` when one already is. Paused queues are left out.
+        A source may count running rows' lease expiries; one that does not leaves lapsed leases
+        to the worker's poll.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``.
+        """
+        ...
+
+
+@runtime_checkable
 class OutboxStore(Protocol):
     """A transactional outbox: enqueues staged on the caller's transaction, published by a relay.
 

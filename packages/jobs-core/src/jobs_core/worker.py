@@ -9,7 +9,11 @@ unrun. A completed body's slot is free while its ack is in flight (unless the jo
 concurrency slot or has an ``on_settled`` hook), so the next claim overlaps the ack; rows whose
 ack is in flight stop lending once they outnumber the slots, so a worker holds at most twice
 its slots' rows. A freed slot or a driver wake starts a pass now; an idle pass backs off by
-doubling from ``poll_interval`` to ``idle_poll_max``.
+doubling from ``poll_interval`` to ``idle_poll_max``. Where the driver's wake source knows when the
+next row falls due (:class:`~jobs_core.driver.TimedWakeSource`), a claim that came back empty asks
+it, and the idle wait ends at that instant when it comes before the back-off's: a delayed job, a
+retry's back-off or a step's sleep runs on time rather than at the next poll (the source's wake
+covers a row enqueued meanwhile for an earlier instant).
 
 One heartbeat task renews every held lease each ``heartbeat`` (a third of the visibility timeout
 by default and at most), so a slow body never delays its own renewal (FIELD-FAILURES C05). On
@@ -41,7 +45,7 @@ from jobs_core._durations import Duration, parse_duration
 from jobs_core._settle import SettleAbandonedError, SettleRetry
 from jobs_core._tracing import attempt_span
 from jobs_core.clock import SYSTEM_CLOCK, Clock
-from jobs_core.driver import JobDriver, capability, preflight
+from jobs_core.driver import JobDriver, TimedWakeSource, capability, preflight
 from jobs_core.errors import (
     ConcurrencyUnenforceableError,
     DrainingError,
@@ -65,6 +69,12 @@ from jobs_core.types import (
 )
 
 _log = logging.getLogger("jobs.worker")
+
+DEFAULT_CONCURRENCY = 64
+"""Slots per queue when none are given (``Worker`` and ``jobsctl worker``): sized for I/O-bound
+``async`` bodies, which spend their time awaiting the network. Measured on pg (issue 23, quick
+peers run, one process): 8 slots drained no-op jobs at 0.78x pgqueuer's defaults, 64 at 2.56x; a
+claim takes at most half the slots, so 64 also means claims of 32 rows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +126,9 @@ class Worker:
     Args:
         driver: where rows come from.
         queues: the queues served (non-empty).
-        concurrency: slots per queue: one ``int`` for every queue or ``{queue: slots}``.
+        concurrency: slots per queue: one ``int`` for every queue or ``{queue: slots}``
+            (default :data:`DEFAULT_CONCURRENCY`, 64: for I/O-bound async bodies; CPU-bound or
+            sync bodies want far fewer, see the README's sizing notes).
         visibility_timeout: the lease each claim buys (``"30s"``).
         heartbeat: how often leases are renewed; default and maximum a third of the visibility
             timeout.
@@ -141,7 +153,7 @@ class Worker:
         driver: JobDriver,
         *,
         queues: Sequence[str] = ("default",),
-        concurrency: int | Mapping[str, int] = 8,
+        concurrency: int | Mapping[str, int] = DEFAULT_CONCURRENCY,
         visibility_timeout: Duration = "30s",
         heartbeat: Duration | None = None,
         poll_interval: Duration = "250ms",
@@ -196,6 +208,7 @@ class Worker:
         self._busy: Counter[str] = Counter()
         self._acking: Counter[str] = Counter()
         self._wake = asyncio.Event()
+        self._timers: TimedWakeSource | None = None
         self._stopping = False
         self._claiming = False
         self._drained = asyncio.Event()
@@ -300,6 +313,7 @@ class Worker:
         wake = capability(self.driver, "wake")
         if wake is not None:
             unsubscribe = await wake.subscribe(self._on_wake)
+            self._timers = wake if isinstance(wake, TimedWakeSource) else None
         self._finished.clear()
         self._started_at = self.clock.now()
         await self._register()
@@ -338,13 +352,18 @@ class Worker:
         drop = frozenset(h.name for h in self.registry.all() if not h.retry.dead_letter)
         # The claim in flight, with its limit.
         pending: tuple[Awaitable[list[ClaimedJob]], int] | None = None
+        # The last idle pass heard "a row is due already" after its claim found none.
+        due_again = False
         try:
             while not self._stopping:
                 self._wake.clear()
+                # The queues of a claim sent (not overlapped) in this pass.
+                asked: Sequence[str] = ()
                 if pending is None:
                     # No claim in flight: this one is awaited here, sent without a task's loop turn.
                     req = self._claim_request(drop)
                     pending = None if req is None else (self.driver.claim(req), req.limit)
+                    asked = () if req is None else req.queues
                 claimed: list[ClaimedJob] = []
                 full = False
                 if pending is not None:
@@ -368,19 +387,34 @@ class Worker:
                 if claimed:
                     self._peak_in_flight = max(self._peak_in_flight, self._running)
                     idle_ms = self.poll_interval_ms
+                    due_again = False
                     # One loop turn first: the attempts just started run to their first await (an
                     # idle worker's probe reaches its body's first line) before the next claim is
                     # built and sent.
                     await asyncio.sleep(0)
                     continue
+                due_ms = await self._next_due_ms(asked) if asked else None
+                if due_ms == 0:
+                    # The row fell due between the claim and the question: claim again at once.
+                    # Heard twice running (another claimant holds the row locked), the poll
+                    # decides, so a row locked elsewhere never turns into a spin of claims.
+                    if not due_again:
+                        due_again = True
+                        continue
+                    due_ms = None
+                due_again = False
+                wait_ms = idle_ms if due_ms is None else min(idle_ms, due_ms)
                 try:
                     # A timeout context rather than wait_for: no task per wait, and a wake resumes
                     # this loop one loop turn sooner (part of an idle worker's pickup latency).
-                    async with asyncio.timeout(idle_ms / 1000):
+                    async with asyncio.timeout(wait_ms / 1000):
                         await self._wake.wait()
                     idle_ms = self.poll_interval_ms
                 except TimeoutError:
-                    idle_ms = min(idle_ms * 2, self.idle_poll_max_ms)
+                    # Only a wait that ran its whole back-off backs off further; one cut short by
+                    # a row's due instant claims that row next.
+                    if wait_ms == idle_ms:
+                        idle_ms = min(idle_ms * 2, self.idle_poll_max_ms)
             if pending is not None:
                 claimed, _ = await self._landed(*pending)
                 await self._give_back(claimed)
@@ -388,6 +422,24 @@ class Worker:
             # Cancelled (run() itself was) with a claim in flight: it must not go on alone.
             if pending is not None and isinstance(pending[0], asyncio.Task):
                 pending[0].cancel()
+
+    async def _next_due_ms(self, queues: Sequence[str]) -> int | None:
+        """Answer the ms until a row of ``queues`` falls due (``0``: one is due already).
+
+        ``None`` when no row waits, the driver cannot tell, or the question failed (logged as
+        ``jobs.claim.next-due-failed``): the poll then decides.
+        """
+        if self._timers is None:
+            return None
+        try:
+            due = await self._timers.next_due_ms(queues)
+        except Exception as exc:
+            _log.warning(
+                "jobs.claim.next-due-failed",
+                extra={"event": "jobs.claim.next-due-failed", "error": str(exc)},
+            )
+            return None
+        return None if due is None else max(int(due), 0)
 
     def _claim_request(self, drop: frozenset[str]) -> ClaimRequest | None:
         """Answer the claim for the free slots (at most half of them); ``None`` when none is free.

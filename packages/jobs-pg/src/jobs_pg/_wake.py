@@ -193,6 +193,20 @@ class PgWakeSource:
             return False
         return due
 
+    async def next_due_ms(self, queues: Sequence[str]) -> int | None:
+        """Answer the milliseconds until a waiting row of ``queues`` falls due, or ``None``.
+
+        Rounded up, on the database's clock; ``0`` when one is due already. Paused queues are
+        left out, and so are lapsed leases (the worker's poll finds those). One ``next_due_ms``
+        statement; the enqueue of a row due later that comes first in its queue wakes the
+        subscribers, so an idle worker sleeping until a later row asks again.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``.
+        """
+        due = await self._db.value("next_due_ms", {"queues": list(queues)})
+        return None if due is None else max(int(due), 0)
+
     async def _arm(self, queues: list[str]) -> bool | None:
         """Run ``wake_arm``: whether a row is due, or ``None`` when it could not re-arm now."""
         try:

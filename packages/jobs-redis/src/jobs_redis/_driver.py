@@ -596,6 +596,20 @@ class RedisWakeSource:
 
         return unsubscribe
 
+    async def next_due_ms(self, queues: Sequence[str]) -> int | None:
+        """Answer the milliseconds until a waiting row of ``queues`` falls due, or ``None``.
+
+        Rounded up, on the server's ``TIME``; ``0`` when one is due already. Paused queues are
+        left out, and so are lapsed leases (the worker's poll finds those). One ``next_due``
+        script; an enqueue of a row for later that comes first in its queue publishes the queue,
+        so an idle worker sleeping until a later row asks again.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        due = await self._s.run("next_due", [self._s.keys.seq], [self._s.keys.base, *queues])
+        return None if due is None else int(due)
+
     def cancel_all(self) -> None:
         """Stop every subscription (on close); each task ends on its own loop."""
         for task in list(self._listening):

@@ -497,6 +497,39 @@ class _Memory:
         row.token += 1
         heapq.heappush(self.queues[row.queue].pending, (at, row.seq, row.token, row))
 
+    @staticmethod
+    def first_pending(queue: _Queue) -> datetime | None:
+        """Answer the instant of ``queue``'s first valid pending entry (stale ones are dropped).
+
+        It may come before the row's real instant when a heartbeat moved a lease on since the
+        entry was filed (see :meth:`claimable_at`).
+        """
+        pending = queue.pending
+        while pending and pending[0][2] != pending[0][3].token:
+            heapq.heappop(pending)
+        return pending[0][0] if pending else None
+
+    @staticmethod
+    def claimable_at(queue: _Queue, now: datetime) -> datetime | None:
+        """Answer when a row of ``queue`` becomes claimable (``now`` when one is), or ``None``.
+
+        Stale entries are dropped on the way and an entry a heartbeat overtook is filed again at
+        its row's lease expiry, as a claim would do.
+        """
+        due = queue.due
+        while due and due[0][2] != due[0][3].token:
+            heapq.heappop(due)
+        if due:
+            return now
+        pending = queue.pending
+        while (first := _Memory.first_pending(queue)) is not None:
+            _, seq, token, row = pending[0]
+            at = row.visible_at if row.state is JobState.RUNNING else row.run_at
+            if at is None or at <= first:
+                return first
+            heapq.heapreplace(pending, (at, seq, token, row))
+        return None
+
     def finish(self, row: _Row, state: JobState, now: datetime, duration_ms: float = 0.0) -> None:
         """Settle ``row`` in a finished state: it leaves the heaps and frees its live key.
 
@@ -1395,8 +1428,9 @@ class MemoryWakeSource:
     """The memory driver's :class:`~jobs_core.driver.WakeSource`.
 
     Subscribers hear a queue's name when a due row lands in it (an enqueue, a nack or park due
-    now, a publish that wakes a waiting run) and when it is resumed. Rows that become due by the
-    passing of time are not announced: the worker's poll finds them.
+    now, a publish that wakes a waiting run), when it is resumed, and when an enqueue brings a row
+    for later that comes before every other pending instant of its queue. Rows that become due by
+    the passing of time are not announced: :meth:`next_due_ms` tells an idle worker when.
 
     Args:
         memory: the driver's shared state.
@@ -1426,6 +1460,28 @@ class MemoryWakeSource:
                 self._m.subscribers.pop(token, None)
 
         return unsubscribe
+
+    async def next_due_ms(self, queues: Sequence[str]) -> int | None:
+        """Answer the milliseconds (rounded up) until a row of ``queues`` becomes claimable.
+
+        ``0`` when one is now; ``None`` when none waits. Paused queues are left out; a running
+        row's lease expiry counts (a lapsed lease makes its row claimable).
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            now = self._m.now()
+            instants = [
+                self._m.claimable_at(self._m.queues[name], now)
+                for name in dict.fromkeys(queues)
+                if name in self._m.queues and name not in self._m.paused
+            ]
+        first = min((at for at in instants if at is not None), default=None)
+        if first is None:
+            return None
+        # Rounded up: a worker woken on the rounded-down instant would find the row not yet due.
+        return -((now - first) // timedelta(milliseconds=1))
 
 
 def _task_name(task: str) -> str:
@@ -1977,10 +2033,14 @@ class MemoryDriver:
             listing.append(row)  # the usual case: ids and the clock only move forward
         else:
             insort(listing, row, key=_position)
-        if row.queue not in m.queues:
-            m.queues[row.queue] = _Queue()
+        queue = m.queues.get(row.queue)
+        if queue is None:
+            queue = m.queues[row.queue] = _Queue()
+        # A row for later wakes its queue when it comes first: an idle worker sleeping until a
+        # later instant must hear of it.
+        first = None if row.state is JobState.READY else m.first_pending(queue)
         m.file(row, run_at)
-        if row.state is JobState.READY:
+        if row.state is JobState.READY or first is None or run_at < first:
             woken.add(row.queue)
         return EnqueueResult(row.id, row.run_id, deduped=False)
 

@@ -60,9 +60,24 @@ known AS (
     SELECT DISTINCT queue, {now} FROM inserted
     ON CONFLICT DO NOTHING
 ),
+-- A queue is woken for a row due within a second, and for a row due later that comes before
+-- every other waiting row of its queue due later than now (one probe of jobs_claim per queue):
+-- an idle worker sleeps until the earliest due row it knows of, and must hear of an earlier one.
+later AS (
+    SELECT queue, min(run_at) AS first FROM inserted
+    WHERE run_at > {now} + interval '1 second'
+    GROUP BY queue
+),
 woken AS (
     SELECT {schema}.wake(array(
-        SELECT DISTINCT queue FROM inserted WHERE run_at <= {now} + interval '1 second'
+        SELECT queue FROM inserted WHERE run_at <= {now} + interval '1 second'
+        UNION
+        SELECT l.queue FROM later l
+        WHERE NOT EXISTS (
+            SELECT 1 FROM {schema}.jobs e
+            WHERE e.queue = l.queue AND e.state IN ('ready', 'delayed', 'suspended')
+              AND e.run_at > {now} AND e.run_at <= l.first
+        )
     )) AS notified
 )
 -- A summary row (no position) carries how many queues were woken (and makes the wake run: a plain
@@ -934,6 +949,20 @@ SELECT min(CASE WHEN j.state = 'running' THEN j.visible_at ELSE j.run_at END)
 FROM {schema}.jobs j
 WHERE j.state IN ('ready', 'delayed', 'running', 'suspended')
   AND NOT EXISTS (SELECT 1 FROM {schema}.paused_queues p WHERE p.queue = j.queue)
+
+-- name: next_due_ms
+-- An idle worker's timer: milliseconds (rounded up; negative when one is due already) until the
+-- first waiting row of the unpaused queues served falls due, NULL when none waits. One ordered
+-- LIMIT 1 probe of jobs_claim per queue; lapsed leases are left to the poll.
+SELECT ceil(extract(epoch FROM min(f.run_at) - {now}) * 1000)::bigint
+FROM unnest(%(queues)s::text[]) AS q(name)
+CROSS JOIN LATERAL (
+    SELECT j.run_at FROM {schema}.jobs j
+    WHERE j.queue = q.name AND j.state IN ('ready', 'delayed', 'suspended')
+    ORDER BY j.run_at
+    LIMIT 1
+) f
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues p WHERE p.queue = q.name)
 
 -- name: queue_names
 -- Every queue that ever had a row: a listener that becomes live wakes them all, so rows that

@@ -16,8 +16,9 @@
 -- A request whose id names a row (live or finished) answers it; else one whose live key is held
 -- (by an earlier row of this call too) answers the holder; else a row is inserted. Its run_at is
 -- the request's (a past one is stored as the server's now) or now plus delay_ms; it is "delayed"
--- when run_at is in the future, else "ready". Each queue that received a ready row is published
--- once on <base>wake. A run id belongs to one job: an inserted row records its id in its run's
+-- when run_at is in the future, else "ready". Each queue that received a ready row, or a delayed
+-- row due before every other row of it due later than now, is published once on <base>wake.
+-- A run id belongs to one job: an inserted row records its id in its run's
 -- steps hash (<base>s:<run_id>, field "#job", which expires with the row's steps), and a request
 -- that would insert a row under a run id another job recorded refuses the whole call.
 
@@ -90,7 +91,16 @@ for i = 0, n - 1 do
     redis.call('HSET', live, lk, id)
     redis.call('HSET', base .. 's:' .. run_id, '#job', id)
     redis.call('SADD', base .. 'queues', queue)
-    redis.call('ZADD', base .. 'q:' .. queue .. ':r', string.format('%.0f', run_at), m)
+    -- A row for later wakes its queue when it comes before every other row due later than
+    -- now: an idle worker sleeps until the first due row it knows of.
+    local rk = base .. 'q:' .. queue .. ':r'
+    if state == 'delayed' and not woken[queue] then
+      local next = redis.call('ZRANGEBYSCORE', rk, '(' .. now_s, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      if not next[2] or tonumber(next[2]) > run_at then
+        woken[queue] = true
+      end
+    end
+    redis.call('ZADD', rk, string.format('%.0f', run_at), m)
     if state == 'ready' then woken[queue] = true end
     reply[#reply + 1] = id
     reply[#reply + 1] = run_id

@@ -1,0 +1,28 @@
+-- next_due.lua: how long until a waiting row of the named queues falls due (an idle worker's timer).
+--
+-- KEYS[1]  <base>seq     routes the call (every key shares its tag; not read)
+-- ARGV[1]  base          "{<prefix>}:"; reads <base>paused and each queue's <base>q:<queue>:r
+--                        (ready/delayed by run_at) and <base>q:<queue>:s (suspended by run_at)
+-- ARGV[2…] the queue names
+-- Reply:   milliseconds until the first such run_at (rounded up, 0 when one is due already), as
+--          text, or false when no row waits. Paused queues are left out; lapsed leases are left
+--          to the worker's poll.
+
+local base = ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local first = nil
+for i = 2, #ARGV do
+  local queue = ARGV[i]
+  if redis.call('SISMEMBER', base .. 'paused', queue) == 0 then
+    for _, kind in ipairs({ ':r', ':s' }) do
+      local top = redis.call('ZRANGE', base .. 'q:' .. queue .. kind, 0, 0, 'WITHSCORES')
+      if top[2] then
+        local at = tonumber(top[2])
+        if first == nil or at < first then first = at end
+      end
+    end
+  end
+end
+if first == nil then return false end
+return string.format('%.0f', math.max(0, math.ceil((first - now) / 1000)))
