@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from conftest import Throwaway
 from jobs_core.driver import EventQuery, LeaseRequest, PublishRequest, StepResolution
 from jobs_core.types import (
+    JobFilter,
     JobState,
     NackOptions,
     RetentionRequest,
@@ -63,6 +64,9 @@ async def test_every_script_is_called_by_the_driver(throwaway: Throwaway) -> Non
     await driver.nack(other.id, NackOptions(other.fence))
     await op.cancel(third.id, "tour")
     await op.get(first.id)
+    await op.record_progress(job.id, job.fence, {"done": 1})
+    await op.list(JobFilter())
+    await op.promote_many(JobFilter())
     await op.pause_queue("default")
     await op.resume_queue("default")
     await driver.stats()

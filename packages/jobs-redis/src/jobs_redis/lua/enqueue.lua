@@ -4,7 +4,8 @@
 -- ARGV[1]  base          "{<prefix>}:"; every other key is built from it and so carries the same
 --                        hash tag: <base>j:<id> (row), <base>live (live keys -> id),
 --                        <base>queues (queue names), <base>q:<queue>:r (ready/delayed by run_at),
---                        <base>s:<run_id> (the run's steps; field "#job" names its job)
+--                        <base>s:<run_id> (the run's steps; field "#job" names its job),
+--                        <base>x:<queue>:<state> (the listing index: members "<created µs>:<id>")
 -- ARGV[2]  n             how many rows follow
 -- ARGV[3…] 13 values per row: id, run_id, name, queue, input (JSON text), idempotency key,
 --          tenant (optional), max_attempts, run_at (µs since the epoch, "" for none), delay_ms,
@@ -91,6 +92,7 @@ for i = 0, n - 1 do
     redis.call('HSET', base .. 's:' .. run_id, '#job', id)
     redis.call('SADD', base .. 'queues', queue)
     redis.call('ZADD', base .. 'q:' .. queue .. ':r', string.format('%.0f', run_at), m)
+    redis.call('ZADD', base .. 'x:' .. queue .. ':' .. state, 0, now_s .. ':' .. id)
     if state == 'ready' then woken[queue] = true end
     reply[#reply + 1] = id
     reply[#reply + 1] = run_id
