@@ -74,7 +74,16 @@ async def test_protocols_capabilities_and_describe(driver: RedisDriver) -> None:
     assert isinstance(driver.wake, WakeSource)
     assert isinstance(driver.retention, RetentionStore)
     assert isinstance(driver.introspect, Introspector)
-    assert driver.capabilities == {"introspect", "leases", "events", "wake", "retention"}
+    assert driver.capabilities == {
+        "introspect",
+        "leases",
+        "events",
+        "wake",
+        "retention",
+        "scheduler_state",
+        "leader",
+        "workers",
+    }
     described = driver.describe()
     assert described["capabilities"] == sorted(driver.capabilities)
     assert described["not_applicable"] == sorted(set(CAPABILITIES) - driver.capabilities)

@@ -98,20 +98,20 @@ from jobs_redis._connection import UNAVAILABLE, Connection
 from jobs_redis._introspect import RedisIntrospector
 from jobs_redis._records import decode_steps, pairs, record_text
 from jobs_redis._retention import RedisRetentionStore
+from jobs_redis._scheduler import RedisLeaderLease, RedisSchedulerState, RedisWorkerRegistry
 from jobs_redis._scripts import SCRIPTS
 
 _log = logging.getLogger("jobs.redis")
 
-CARRIED: frozenset[str] = frozenset({"introspect", "leases", "events", "wake", "retention"})
+CARRIED: frozenset[str] = frozenset(
+    {"introspect", "leases", "events", "wake", "retention", "scheduler_state", "leader", "workers"}
+)
 """The optional capabilities this driver declares."""
 
 _NOT_CARRIED: dict[str, str] = {
     "outbox": "the transaction is the database's: stage in Postgres, relay onto Redis",
     "backfills": "no ledger: a backfill is refused with X_NOT_IMPLEMENTED; run backfills on "
     "postgresql://",
-    "scheduler_state": "run the scheduler on the Postgres driver's state",
-    "leader": "run the scheduler on the Postgres driver's leader lease",
-    "workers": "no worker registry",
     "counters": "no per-job counter history; stats() counts per queue",
 }
 
@@ -688,8 +688,7 @@ class RedisDriver:
 
     Attributes:
         name: ``"redis"``.
-        capabilities: ``leases``, ``events``, ``wake`` and ``retention`` (see :meth:`describe`
-            for the rest).
+        capabilities: :data:`CARRIED` (see :meth:`describe` for the rest).
         steps: the step store (:class:`RedisStepStore`).
         leases: fleet concurrency slots (:class:`RedisLeaseStore`).
         events: the stored event bus (:class:`RedisEventBus`, which wakes waiters).
@@ -697,6 +696,10 @@ class RedisDriver:
         retention: deletes settled rows (:class:`~jobs_redis._retention.RedisRetentionStore`).
         introspect: the operator surface (:class:`~jobs_redis._introspect.RedisIntrospector`).
         operator: the same object as :attr:`introspect` (its name before ``introspect``).
+        scheduler_state: cron watermarks and fires
+            (:class:`~jobs_redis._scheduler.RedisSchedulerState`).
+        leader: the scheduler's leader lease (:class:`~jobs_redis._scheduler.RedisLeaderLease`).
+        workers: the worker registry (:class:`~jobs_redis._scheduler.RedisWorkerRegistry`).
         done_ttl_ms: how long a ``done`` row and its steps are kept (0: forever).
 
     Args:
@@ -763,6 +766,9 @@ class RedisDriver:
         # The name the operator calls had before the driver declared ``introspect``.
         self.operator = self.introspect
         self.retention = RedisRetentionStore(self._s)
+        self.scheduler_state = RedisSchedulerState(self)
+        self.leader = RedisLeaderLease(self._s)
+        self.workers = RedisWorkerRegistry(self._s)
 
     @classmethod
     async def connect(

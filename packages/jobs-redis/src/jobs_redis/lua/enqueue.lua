@@ -11,8 +11,11 @@
 --          tenant (optional), max_attempts, run_at (µs since the epoch, "" for none), delay_ms,
 --          traceparent (optional), enqueued_by (optional), live-key field.
 --          An optional value is "" for None, else "=" followed by the text.
+--          Then, for a cron fire only (SchedulerState.fire), 4 more: the task, the watermark the
+--          fire expects (µs, "" for none), the watermark it leaves (µs) and the occurrence (µs).
 -- Reply:   3 values per row, in input order: id, run_id, 1 when deduped else 0; or, writing
---          nothing, { "run-id-taken", position (1-based), the holding job's id }.
+--          nothing, { "run-id-taken", position (1-based), the holding job's id }; for a fire
+--          whose expected watermark is not the stored one, writing nothing, { "moved" }.
 --
 -- A request whose id names a row (live or finished) answers it; else one whose live key is held
 -- (by an earlier row of this call too) answers the holder; else a row is inserted. Its run_at is
@@ -21,6 +24,10 @@
 -- once on <base>wake. A run id belongs to one job: an inserted row records its id in its run's
 -- steps hash (<base>s:<run_id>, field "#job", which expires with the row's steps), and a request
 -- that would insert a row under a run id another job recorded refuses the whole call.
+--
+-- A fire compares the task's watermark (<base>wm, task -> µs) before anything is written and, in
+-- the same call as the inserts, moves it and records the fire (<base>fires, task -> JSON text:
+-- occurrence, watermark, fired_at, job_ids), so no reader sees the rows without the watermark.
 
 local base = ARGV[1]
 local n = tonumber(ARGV[2])
@@ -30,6 +37,12 @@ local now_s = string.format('%.0f', now)
 local live = base .. 'live'
 local reply = {}
 local woken = {}
+local fire_at = 3 + n * 13
+local task = ARGV[fire_at]
+if task then
+  local stored = redis.call('HGET', base .. 'wm', task) or ''
+  if stored ~= ARGV[fire_at + 1] then return { 'moved' } end
+end
 
 -- First pass, writing nothing: who answers each request (the row its id names, the live row
 -- holding its key, or an earlier request of this call with the key), and whether a request
@@ -100,6 +113,14 @@ for i = 0, n - 1 do
   end
 end
 
+if task then
+  local ids = {}
+  for i = 1, #reply, 3 do ids[#ids + 1] = reply[i] end
+  redis.call('HSET', base .. 'wm', task, ARGV[fire_at + 2])
+  redis.call('HSET', base .. 'fires', task, cjson.encode({
+    occurrence = ARGV[fire_at + 3], watermark = ARGV[fire_at + 2], fired_at = now_s,
+    job_ids = ids }))
+end
 for queue in pairs(woken) do
   redis.call('PUBLISH', base .. 'wake', queue)
 end

@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  <base>queues  the queue names; it routes the call (every key shares its hash tag)
 -- ARGV[1]  base          "{<prefix>}:"; keys built from it: <base>j:<id> (row), <base>s:<run_id>
---                        (steps), <base>live, <base>seq, <base>wake (channel),
+--                        (steps), <base>live, <base>wake (channel),
 --                        <base>q:<queue>:{r,s,f}, <base>fin:<state>, and the listing index
 --                        <base>x:<queue>:<state>: one sorted set per queue and state, every
 --                        score 0, members "<created µs, 16 digits>:<id>", so lexicographic order
@@ -77,9 +77,10 @@ local function requeue(jk, row, from_step)
   redis.call('ZREM', base .. 'fin:' .. row[1], row[4])
   redis.call('ZREM', index_key(row[2], row[1]), xm)
   redis.call('ZADD', index_key(row[2], 'ready'), 0, xm)
-  local m = string.format('%016d', redis.call('INCR', base .. 'seq')) .. ':' .. row[4]
+  -- The row keeps its sequence, so it orders among rows due with it as at its enqueue.
+  local m = redis.call('HGET', jk, 'm')
   redis.call('HSET', jk, 'state', 'ready', 'att', 0, 'run_at', now_s, 'vis', '',
-    'result', 'null', 'prog', 'null', 'updated', now_s, 'm', m)
+    'result', 'null', 'prog', 'null', 'updated', now_s)
   redis.call('PERSIST', jk)
   redis.call('PERSIST', base .. 's:' .. row[5])
   redis.call('HSET', live, row[3], row[4])
