@@ -55,7 +55,6 @@ from jobs_core.types import (
     StepRecord,
 )
 from jobs_redis._codec import encode, from_us, opt, to_us, unopt
-from jobs_redis._connection import UNAVAILABLE
 from jobs_redis._records import decode_record, decode_steps, pairs, record_text
 
 if TYPE_CHECKING:
@@ -267,12 +266,7 @@ class RedisIntrospector:
         Raises:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
         """
-        client = self._s.conn.client()
-        try:
-            async with self._s.conn.deadline():
-                members = await client.smembers(self._s.keys.paused)
-        except UNAVAILABLE as exc:
-            raise self._s.conn.unavailable(exc) from exc
+        members = await self._s.conn.call(lambda client: client.smembers(self._s.keys.paused))
         return sorted(str(m) for m in members)
 
     async def record_progress(self, job_id: UUID, fence: Fence, progress: JSONValue) -> bool:
