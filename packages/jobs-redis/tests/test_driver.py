@@ -16,6 +16,7 @@ from jobs_core.driver import (
     CAPABILITIES,
     EventBus,
     EventQuery,
+    Introspector,
     JobDriver,
     LeaseRequest,
     LeaseStore,
@@ -72,21 +73,22 @@ async def test_protocols_capabilities_and_describe(driver: RedisDriver) -> None:
     assert isinstance(driver.events, ResettableEventBus)
     assert isinstance(driver.wake, WakeSource)
     assert isinstance(driver.retention, RetentionStore)
-    assert driver.capabilities == {"leases", "events", "wake", "retention"}
+    assert isinstance(driver.introspect, Introspector)
+    assert driver.capabilities == {
+        "introspect",
+        "leases",
+        "events",
+        "wake",
+        "retention",
+        "scheduler_state",
+        "leader",
+        "workers",
+    }
     described = driver.describe()
-    assert described["capabilities"] == ["events", "leases", "retention", "wake"]
+    assert described["capabilities"] == sorted(driver.capabilities)
     assert described["not_applicable"] == sorted(set(CAPABILITIES) - driver.capabilities)
     assert set(described["not_carried"]) == set(described["not_applicable"])
-    assert described["operator"] == [
-        "get",
-        "cancel",
-        "resolve_step",
-        "pause_queue",
-        "resume_queue",
-        "paused_queues",
-    ]
-    # Core reaches operator calls only through the declared capability: there is none here.
-    assert getattr(driver, "introspect", None) is None
+    assert driver.operator is driver.introspect
 
 
 def test_open_driver_through_the_entry_points(redis_url: str) -> None:

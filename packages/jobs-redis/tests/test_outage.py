@@ -312,3 +312,60 @@ async def test_a_command_is_sent_without_a_task_of_its_own(
     monkeypatch.undo()
     await driver.close()
     assert job.idempotency_key == "k"
+
+
+async def test_a_restart_leaves_no_stale_pooled_connection_in_the_way(
+    throwaway: Throwaway, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 14 item 3: a command on a connection the restarted server closed is sent again."""
+    caplog.set_level(logging.INFO, logger="jobs")
+    driver = await RedisDriver.connect(throwaway.url, prefix="stale")
+    registry = JobRegistry()
+    ran: list[str] = []
+    count = counting_job(registry, ran)
+    worker = Worker(driver, registry=registry, concurrency=8, poll_interval="100ms")
+    running = asyncio.create_task(worker.run())
+    with use_driver(driver):
+        # Several jobs at once, so the pool holds several connections when the server goes.
+        await count.enqueue_many([Item(key=f"warm{i}", hold_ms=50) for i in range(16)])
+        await eventually(lambda: _true(len(ran) == 16), timeout=10)
+        throwaway.stop()
+        throwaway.start()
+        enqueued_at = time.perf_counter()
+        result = await count.enqueue(Item(key="after"))
+
+        async def finished() -> bool:
+            return await states(driver, [result.id]) == [JobState.DONE]
+
+        await eventually(finished, timeout=10)
+        took = time.perf_counter() - enqueued_at
+    with capsys.disabled():
+        print(f"\njob enqueued after a restart: done in {took * 1000:.0f} ms")
+    assert took < 2.0, f"the job enqueued after the restart took {took:.2f} s"
+    events = [r.getMessage() for r in caplog.records]
+    assert "jobs.attempt.crashed" not in events
+    await worker.stop()
+    await running
+    await driver.close()
+
+
+async def test_a_stale_connection_is_retried_once_and_a_down_server_still_refuses_at_once(
+    throwaway: Throwaway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    driver = await RedisDriver.connect(throwaway.url, prefix="stale1")
+    await asyncio.gather(*(driver.enqueue(request(f"k{i}")) for i in range(4)))
+    throwaway.stop()
+    throwaway.start()
+    # Every pooled connection is stale now: each call still lands, on a fresh connection.
+    landed = await asyncio.gather(*(driver.enqueue(request(f"n{i}")) for i in range(4)))
+    assert [r.deduped for r in landed] == [False] * 4
+    assert len(await claim(driver, limit=10)) == 4
+    throwaway.stop()
+    started = time.perf_counter()
+    with pytest.raises(DriverUnavailableError):
+        await driver.enqueue(request("down"))
+    refused = time.perf_counter() - started
+    assert refused < 0.5, f"a down server was refused after {refused:.3f} s"
+    with capsys.disabled():
+        print(f"\nrefusal with a stale pool and the server down: {refused * 1000:.1f} ms")
+    await driver.close()

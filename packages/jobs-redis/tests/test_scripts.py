@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from conftest import Throwaway
 from jobs_core.driver import EventQuery, LeaseRequest, PublishRequest, StepResolution
 from jobs_core.types import (
+    JobFilter,
     JobState,
     NackOptions,
     RetentionRequest,
@@ -63,6 +64,13 @@ async def test_every_script_is_called_by_the_driver(throwaway: Throwaway) -> Non
     await driver.nack(other.id, NackOptions(other.fence))
     await op.cancel(third.id, "tour")
     await op.get(first.id)
+    await op.record_progress(job.id, job.fence, {"done": 1})
+    await op.list(JobFilter())
+    await op.promote_many(JobFilter())
+    await driver.scheduler_state.advance("t", None, datetime.now(UTC))
+    await driver.scheduler_state.watermarks()
+    await driver.leader.acquire("h", 1_000)
+    await driver.workers.list()
     await op.pause_queue("default")
     await op.resume_queue("default")
     await driver.stats()

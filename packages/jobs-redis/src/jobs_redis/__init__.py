@@ -6,25 +6,23 @@
 
 from jobs_redis._driver import (
     CARRIED,
-    OPERATOR_MEMBERS,
     RedisDriver,
     RedisEventBus,
     RedisLeaseStore,
-    RedisOperator,
     RedisStepStore,
     RedisWakeSource,
     open_redis_driver,
 )
+from jobs_redis._introspect import RedisIntrospector
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CARRIED",
-    "OPERATOR_MEMBERS",
     "RedisDriver",
     "RedisEventBus",
+    "RedisIntrospector",
     "RedisLeaseStore",
-    "RedisOperator",
     "RedisStepStore",
     "RedisWakeSource",
     "open_redis_driver",

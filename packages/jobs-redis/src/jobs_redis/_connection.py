@@ -20,6 +20,14 @@ Design notes (the alternatives that were rejected):
   every claim and enqueue. One ``asyncio.timeout`` around the call (dial, handshake, send and
   reply) bounds the same waits with none; a call cut short closes its connection (redis-py
   drops a connection whose read was cancelled), so no late reply is read by the next command.
+* **A connection the server closed is dialled again once.** After a restart every pooled
+  connection is dead, and the first command on each fails with "Connection closed by server"
+  although the server is up (issue 14 item 3). A command failing with a connection error is sent
+  once more, after the pool's idle connections are dropped, on a freshly dialled one; a server
+  that is down refuses that dial at once, so the refusal stays immediate. The command may have
+  run if only its reply was lost: every script is either fenced (settles, heartbeats, steps) or
+  dedupes on ids (enqueue), and a claim whose reply was lost leaves rows leased to a worker that
+  never heard of them, which lapse and are claimed again, as any lost reply does.
 * **A server's own error reply passes through** (``redis.exceptions.ResponseError``): it says
   something is wrong with the request or the server's state (``OOM``, ``READONLY``), not that the
   server is away, and retrying the call elsewhere would not help.
@@ -28,8 +36,8 @@ Design notes (the alternatives that were rejected):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -48,6 +56,8 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 """Errors meaning the server could not be reached or did not answer in time."""
+
+T = TypeVar("T")
 
 
 class Connection:
@@ -123,8 +133,11 @@ class Connection:
             return self.url
         return f"{scheme}{sep}***@{rest.rpartition('@')[2]}"
 
-    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Call ``script`` by SHA; load it once if the server does not have it.
+    async def call(self, send: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
+        """Answer ``send(client)`` within the command timeout, sent again once on a failure.
+
+        A connection error (a stale pooled connection the server closed) drops the pool's idle
+        connections and sends once more on a freshly dialled one.
 
         Raises:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
@@ -134,12 +147,31 @@ class Connection:
         try:
             async with self.deadline():
                 try:
-                    return await _evalsha(client, script, keys, args)
-                except NoScriptError:
-                    await client.script_load(script.text)
-                    return await _evalsha(client, script, keys, args)
+                    return await send(client)
+                except RedisConnectionError:
+                    # Every idle pooled connection predates the failure: drop them all, so
+                    # the next command dials a fresh one instead of meeting another stale one.
+                    await client.connection_pool.disconnect(inuse_connections=False)
+                    return await send(client)
         except UNAVAILABLE as exc:
             raise self.unavailable(exc) from exc
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Call ``script`` by SHA; load it once if the server does not have it.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+            redis.exceptions.ResponseError: the server's own error reply, unmapped.
+        """
+
+        async def send(client: aioredis.Redis) -> Any:
+            try:
+                return await _evalsha(client, script, keys, args)
+            except NoScriptError:
+                await client.script_load(script.text)
+                return await _evalsha(client, script, keys, args)
+
+        return await self.call(send)
 
     async def run_all(
         self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
@@ -153,16 +185,15 @@ class Connection:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
             redis.exceptions.ResponseError: the server's own error reply, unmapped.
         """
-        client = self.client()
-        try:
-            async with self.deadline():
-                try:
-                    return await _transaction(client, script, calls)
-                except NoScriptError:
-                    await client.script_load(script.text)
-                    return await _transaction(client, script, calls)
-        except UNAVAILABLE as exc:
-            raise self.unavailable(exc) from exc
+
+        async def send(client: aioredis.Redis) -> list[Any]:
+            try:
+                return await _transaction(client, script, calls)
+            except NoScriptError:
+                await client.script_load(script.text)
+                return await _transaction(client, script, calls)
+
+        return await self.call(send)
 
     async def load_all(self, scripts: Sequence[Script]) -> None:
         """``SCRIPT LOAD`` every script now (a reachability check at connect time).

@@ -31,10 +31,8 @@ Design notes (the alternatives that were rejected):
   insertion order, exactly as the memory driver's heaps do.
 * **The server's ``TIME`` decides** what is due and what lapsed, never the worker's clock; the
   Python side only validates (a naive ``run_at``, a delay out of range).
-* **No introspect capability.** Listing newest-first with any mix of filters, and the bulk
-  operator calls, would need secondary indexes on every field or a scan of every row. The cheap
-  part of the operator surface is carried as :attr:`RedisDriver.operator` and named in
-  :meth:`RedisDriver.describe`; core's operator calls raise ``X_NOT_IMPLEMENTED`` on this driver.
+* **The operator surface walks a listing index** (``<base>x:<queue>:<state>``) kept by the
+  same scripts that change a row's state: see :mod:`jobs_redis._introspect`.
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Self
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -61,7 +59,6 @@ from jobs_core.driver import (
     EventQuery,
     LeaseRequest,
     PublishRequest,
-    StepResolution,
     StepStore,
     check_enqueue_request,
     check_run_ids,
@@ -69,10 +66,6 @@ from jobs_core.driver import (
 )
 from jobs_core.errors import (
     DriverRequestInvalidError,
-    JobCancelledError,
-    JobNotCancellableError,
-    JobNotFoundError,
-    StepNotResolvableError,
 )
 from jobs_core.ids import new_id
 from jobs_core.types import (
@@ -83,7 +76,6 @@ from jobs_core.types import (
     EnqueueRequest,
     EnqueueResult,
     Fence,
-    JobInfo,
     JobState,
     NackOptions,
     QueueStats,
@@ -103,33 +95,23 @@ from jobs_redis._codec import (
     unopt,
 )
 from jobs_redis._connection import UNAVAILABLE, Connection
+from jobs_redis._introspect import RedisIntrospector
+from jobs_redis._records import decode_steps, pairs, record_text
 from jobs_redis._retention import RedisRetentionStore
+from jobs_redis._scheduler import RedisLeaderLease, RedisSchedulerState, RedisWorkerRegistry
 from jobs_redis._scripts import SCRIPTS
 
 _log = logging.getLogger("jobs.redis")
 
-CARRIED: frozenset[str] = frozenset({"leases", "events", "wake", "retention"})
+CARRIED: frozenset[str] = frozenset(
+    {"introspect", "leases", "events", "wake", "retention", "scheduler_state", "leader", "workers"}
+)
 """The optional capabilities this driver declares."""
 
-OPERATOR_MEMBERS: tuple[str, ...] = (
-    "get",
-    "cancel",
-    "resolve_step",
-    "pause_queue",
-    "resume_queue",
-    "paused_queues",
-)
-"""The operator calls :class:`RedisOperator` carries (a subset of ``Introspector``)."""
-
 _NOT_CARRIED: dict[str, str] = {
-    "introspect": "listing with filters and the bulk calls would scan every row; "
-    "driver.operator carries " + ", ".join(OPERATOR_MEMBERS),
     "outbox": "the transaction is the database's: stage in Postgres, relay onto Redis",
     "backfills": "no ledger: a backfill is refused with X_NOT_IMPLEMENTED; run backfills on "
     "postgresql://",
-    "scheduler_state": "run the scheduler on the Postgres driver's state",
-    "leader": "run the scheduler on the Postgres driver's leader lease",
-    "workers": "no worker registry",
     "counters": "no per-job counter history; stats() counts per queue",
 }
 
@@ -157,64 +139,6 @@ def _checked_ms(ms: int, what: str) -> int:
     except OverflowError as exc:
         raise DriverRequestInvalidError(f"{what}={ms} ms is out of range", field=what) from exc
     return ms
-
-
-def _pairs(flat: Sequence[str]) -> dict[str, str]:
-    return dict(zip(flat[::2], flat[1::2], strict=True))
-
-
-def _record_text(record: StepRecord, output: str, match: str | None) -> str:
-    """Answer a step record as JSON text; ``output``/``match`` are already checked JSON text."""
-
-    def us(at: datetime | None, what: str) -> int | None:
-        return None if at is None else to_us(at, what)
-
-    meta = json.dumps(
-        {
-            "status": record.status,
-            "started_at": us(record.started_at, "started_at"),
-            "completed_at": us(record.completed_at, "completed_at"),
-            "wake_at": us(record.wake_at, "wake_at"),
-            "event": record.event,
-            "attempts": record.attempts,
-            "error": record.error,
-            "once": record.once,
-        }
-    )
-    return f'{meta[:-1]}, "output": {output}, "match": {match or "null"}}}'
-
-
-def _record(name: str, text: str, seq: int) -> StepRecord:
-    """Decode a record written by :func:`_record_text`."""
-    raw = json.loads(text)
-
-    def at(key: str) -> datetime | None:
-        return None if raw[key] is None else from_us(raw[key])
-
-    return StepRecord(
-        name=name,
-        status=raw["status"],
-        output=raw["output"],
-        seq=seq,
-        started_at=at("started_at"),
-        completed_at=at("completed_at"),
-        wake_at=at("wake_at"),
-        event=raw["event"],
-        match=raw["match"],
-        attempts=raw["attempts"],
-        error=raw["error"],
-        once=raw["once"],
-    )
-
-
-def _steps(fields: dict[str, str]) -> list[StepRecord]:
-    """Decode a steps hash (``r:<name>`` records and ``q:<name>`` seqs) in ``seq`` order."""
-    records = [
-        _record(field[2:], text, int(fields["q:" + field[2:]]))
-        for field, text in fields.items()
-        if field.startswith("r:")
-    ]
-    return sorted(records, key=lambda r: r.seq)
 
 
 class _Keys:
@@ -292,7 +216,7 @@ class RedisStepStore:
         flat = self._s.preloaded.pop(run_id, None)
         if flat is None:
             flat = await self._s.run("step_load", [self._s.keys.steps(run_id)], [])
-        return _steps(_pairs(flat)) if flat else []
+        return decode_steps(pairs(flat)) if flat else []
 
     async def write(self, write: StepWrite) -> bool:
         """Insert or replace one step record (by ``run_id`` and name), fenced like an ack.
@@ -332,7 +256,7 @@ class RedisStepStore:
                 "" if fence is None else str(fence.claim),
                 str(write.run_id),
                 record.name,
-                _record_text(record, output, match),
+                record_text(record, output, match),
                 record.status + ("!" if record.once else ""),
                 record.event if waits and record.event else "",
                 canonical_fields(match) if waits and match is not None else "",
@@ -670,181 +594,6 @@ class RedisWakeSource:
             backoff = min(backoff * 2, 2.0)
 
 
-def _job_info(row: dict[str, str], steps: list[StepRecord]) -> JobInfo:
-    """Decode a row hash (and its steps) as the operator surface shows it."""
-    return JobInfo(
-        id=UUID(row["id"]),
-        run_id=UUID(row["run"]),
-        name=row["name"],
-        queue=row["queue"],
-        state=JobState(row["state"]),
-        attempt=int(row["att"]),
-        max_attempts=int(row["max"]),
-        claim=int(row["claim"]),
-        tenant_id=unopt(row["tenant"]),
-        idempotency_key=row["key"],
-        input=json.loads(row["input"]),
-        run_at=from_us(row["run_at"]),
-        created_at=from_us(row["created"]),
-        updated_at=from_us(row["updated"]),
-        claimed_by=unopt(row["by"]),
-        last_error=unopt(row["err"]),
-        last_error_code=unopt(row["errc"]),
-        last_error_stack=unopt(row["errs"]),
-        result=json.loads(row["result"]),
-        enqueued_by=unopt(row["eb"]),
-        traceparent=unopt(row["tp"]),
-        steps=tuple(steps),
-    )
-
-
-class RedisOperator:
-    """The part of the operator surface a Redis design holds cheaply (not ``introspect``).
-
-    Carried: :meth:`get`, :meth:`cancel`, :meth:`resolve_step`, :meth:`pause_queue`,
-    :meth:`resume_queue`, :meth:`paused_queues`, each with the memory driver's semantics. Not
-    carried: ``list``, ``requeue``, ``remove``, ``promote`` and the bulk calls. Core reaches
-    operator calls only through the ``introspect`` capability, so ``jobsctl ls``/``jobsctl retry``
-    and friends answer ``X_NOT_IMPLEMENTED`` on this driver; call these members directly.
-
-    Args:
-        shared: the driver's connection and keys.
-    """
-
-    def __init__(self, shared: _Shared) -> None:
-        """Serve ``shared`` (the arguments are described in the class docstring)."""
-        self._s = shared
-
-    async def _read(self, job_id: UUID) -> tuple[dict[str, str], dict[str, str]] | None:
-        found = await self._s.run("get", [self._s.keys.job(job_id)], [self._s.keys.base])
-        if not found:
-            return None
-        return _pairs(found[0]), _pairs(found[1])
-
-    async def get(self, job_id: UUID) -> JobInfo | None:
-        """Answer one job with its step trace (in ``seq`` order), or ``None`` for an unknown id.
-
-        ``state`` is the stored state (a ``delayed`` row whose ``run_at`` passed shows
-        ``delayed`` until claimed); ``attempt`` is the attempts spent so far. A ``done`` row is
-        unknown once ``done_ttl`` passed.
-
-        Raises:
-            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
-        """
-        found = await self._read(job_id)
-        if found is None:
-            return None
-        row, steps = found
-        return _job_info(row, _steps(steps))
-
-    async def cancel(self, job_id: UUID, reason: str) -> JobInfo:
-        """Cancel a live job: it is ``cancelled`` now and frees its idempotency key.
-
-        A running row's next ack, nack, heartbeat or step write answers ``False``, so the worker
-        fires the body's cancel signal. ``last_error`` becomes ``reason`` and
-        ``last_error_code`` ``X_JOB_CANCELLED``.
-
-        Returns:
-            The cancelled job, with its steps.
-
-        Raises:
-            JobNotFoundError: ``X_JOB_NOT_FOUND``.
-            JobNotCancellableError: ``X_JOB_NOT_CANCELLABLE`` for a finished row.
-            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
-        """
-        answer = await self._s.run(
-            "cancel",
-            [self._s.keys.job(job_id)],
-            [self._s.keys.base, opt(reason), opt(JobCancelledError.code)],
-        )
-        if answer == "missing":
-            raise JobNotFoundError(f"no job has id {job_id}", job_id=str(job_id))
-        if answer != "ok":
-            raise JobNotCancellableError(
-                f"job {job_id} already finished ({answer})", job_id=str(job_id), state=answer
-            )
-        info = await self.get(job_id)
-        if info is None:
-            raise JobNotFoundError(f"no job has id {job_id}", job_id=str(job_id))
-        return info
-
-    async def resolve_step(self, job_id: UUID, step: str, resolution: StepResolution) -> None:
-        """Settle a ``once`` step left ``started``: ``ran`` completes it, else it is deleted.
-
-        A completed step gets ``resolution.output`` and ``completed_at`` the server's now; a
-        deleted step leaves the other steps' ``seq`` unchanged, so the next attempt runs it again.
-        The write is a compare-and-set on the record read, so a concurrent change is refused.
-
-        Raises:
-            JobNotFoundError: ``X_JOB_NOT_FOUND``.
-            StepNotResolvableError: ``X_STEP_NOT_RESOLVABLE`` unless the step is a ``once`` step
-                in ``started``.
-            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an output that is not
-                JSON.
-            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
-        """
-        output = encode(resolution.output, "step output")
-        found = await self._read(job_id)
-        if found is None:
-            raise JobNotFoundError(f"no job has id {job_id}", job_id=str(job_id))
-        steps = found[1]
-        seen = steps.get("r:" + step)
-        status = steps.get("k:" + step)
-        if seen is None or status != "started!":
-            raise StepNotResolvableError(
-                f"step {step!r} of job {job_id} is not a once step left started",
-                job_id=str(job_id),
-                step=step,
-                status=None if status is None else status.rstrip("!"),
-            )
-        text = ""
-        if resolution.ran:
-            old = _record(step, seen, 0)
-            done = replace(old, status="completed", completed_at=await self._s.now())
-            text = _record_text(done, output, None if old.match is None else json.dumps(old.match))
-        answer = await self._s.run(
-            "resolve_step", [self._s.keys.job(job_id)], [self._s.keys.base, step, seen, text]
-        )
-        if answer == "missing":
-            raise JobNotFoundError(f"no job has id {job_id}", job_id=str(job_id))
-        if answer != "ok":
-            raise StepNotResolvableError(
-                f"step {step!r} of job {job_id} changed while it was being resolved",
-                job_id=str(job_id),
-                step=step,
-            )
-
-    async def pause_queue(self, queue: str) -> None:
-        """Stop every claim from ``queue`` from its next call on; enqueues still land.
-
-        Raises:
-            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
-        """
-        await self._s.run("pause", [self._s.keys.paused], [queue])
-
-    async def resume_queue(self, queue: str) -> None:
-        """Let claims take rows from ``queue`` again, and wake subscribers for it.
-
-        Raises:
-            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
-        """
-        await self._s.run("resume", [self._s.keys.paused], [queue, self._s.keys.wake])
-
-    async def paused_queues(self) -> list[str]:
-        """Answer the paused queues, sorted.
-
-        Raises:
-            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
-        """
-        client = self._s.conn.client()
-        try:
-            async with self._s.conn.deadline():
-                members = await client.smembers(self._s.keys.paused)
-        except UNAVAILABLE as exc:
-            raise self._s.conn.unavailable(exc) from exc
-        return sorted(str(m) for m in members)
-
-
 def _check_prefix(prefix: str) -> str:
     if not prefix or "{" in prefix or "}" in prefix:
         raise DriverRequestInvalidError(
@@ -953,14 +702,18 @@ class RedisDriver:
 
     Attributes:
         name: ``"redis"``.
-        capabilities: ``leases``, ``events``, ``wake`` and ``retention`` (see :meth:`describe`
-            for the rest).
+        capabilities: :data:`CARRIED` (see :meth:`describe` for the rest).
         steps: the step store (:class:`RedisStepStore`).
         leases: fleet concurrency slots (:class:`RedisLeaseStore`).
         events: the stored event bus (:class:`RedisEventBus`, which wakes waiters).
         wake: the pub/sub wake source (:class:`RedisWakeSource`).
         retention: deletes settled rows (:class:`~jobs_redis._retention.RedisRetentionStore`).
-        operator: the operator calls carried without ``introspect`` (:class:`RedisOperator`).
+        introspect: the operator surface (:class:`~jobs_redis._introspect.RedisIntrospector`).
+        operator: the same object as :attr:`introspect` (its name before ``introspect``).
+        scheduler_state: cron watermarks and fires
+            (:class:`~jobs_redis._scheduler.RedisSchedulerState`).
+        leader: the scheduler's leader lease (:class:`~jobs_redis._scheduler.RedisLeaderLease`).
+        workers: the worker registry (:class:`~jobs_redis._scheduler.RedisWorkerRegistry`).
         done_ttl_ms: how long a ``done`` row and its steps are kept (0: forever).
 
     Args:
@@ -1023,8 +776,13 @@ class RedisDriver:
         self.leases = RedisLeaseStore(self._s)
         self.events = RedisEventBus(self._s)
         self.wake = RedisWakeSource(self._s)
-        self.operator = RedisOperator(self._s)
+        self.introspect = RedisIntrospector(self._s)
+        # The name the operator calls had before the driver declared ``introspect``.
+        self.operator = self.introspect
         self.retention = RedisRetentionStore(self._s)
+        self.scheduler_state = RedisSchedulerState(self)
+        self.leader = RedisLeaderLease(self._s)
+        self.workers = RedisWorkerRegistry(self._s)
 
     @classmethod
     async def connect(
@@ -1337,15 +1095,15 @@ class RedisDriver:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
         """
         flat = await self._s.run("demand", [self._keys.queues], [self._keys.base])
-        return {queue: int(n) for queue, n in sorted(_pairs(flat).items())}
+        return {queue: int(n) for queue, n in sorted(pairs(flat).items())}
 
     def describe(self) -> dict[str, Any]:
         """Answer what this driver is and carries, for ``jobsctl manifest`` and operators.
 
         Returns:
             ``name``, ``capabilities`` and ``not_applicable`` (sorted, as every driver), plus
-            ``url`` (password hidden), ``prefix``, ``done_ttl_ms``, ``operator`` (the members
-            :attr:`operator` carries) and ``not_carried`` (each missing capability and why).
+            ``url`` (password hidden), ``prefix``, ``done_ttl_ms`` and ``not_carried`` (each
+            missing capability and why).
         """
         return {
             "name": self.name,
@@ -1354,7 +1112,6 @@ class RedisDriver:
             "url": self._conn.safe_url(),
             "prefix": self.prefix,
             "done_ttl_ms": self.done_ttl_ms,
-            "operator": list(OPERATOR_MEMBERS),
             "not_carried": dict(sorted(_NOT_CARRIED.items())),
         }
 

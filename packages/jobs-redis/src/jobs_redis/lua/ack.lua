@@ -4,7 +4,8 @@
 -- ARGV[1]  base          "{<prefix>}:"; keys built from it (same hash tag): <base>j:<id> (row),
 --                        <base>live, <base>q:<queue>:l (running rows), <base>q:<queue>:f
 --                        (finished counts), <base>s:<run_id> (the run's steps),
---                        <base>fin:done (settled rows by settle time, for retention.lua)
+--                        <base>fin:done (settled rows by settle time, for retention.lua),
+--                        <base>x:<queue>:<state> (the listing index, moved with the state)
 -- ARGV[2]  done_ttl_ms   the rows and their steps expire this long after the ack; 0 keeps them
 -- ARGV[3]  n             how many acks follow
 -- ARGV[4…] 4 values per ack: job id, the fence's worker id, the fence's claim ordinal, and the
@@ -14,7 +15,9 @@
 --
 -- Acks apply in order, as if sent one by one: the attempt is counted and the live key freed. Each
 -- done row joins <base>fin:done; with a TTL the members older than it (their rows expired) are
--- trimmed once per call, so the set never outgrows the done rows still kept.
+-- trimmed once per call, so the set never outgrows the done rows still kept. Likewise the oldest
+-- members of each touched queue's done index whose rows expired are dropped (at most 10 per
+-- queue per call; a listing drops any other it meets).
 
 local base = ARGV[1]
 local ttl = tonumber(ARGV[2])
@@ -25,11 +28,13 @@ local now_s = string.format('%.0f', now)
 local fin = base .. 'fin:done'
 local live = base .. 'live'
 local reply = {}
+local touched = {}
 
 for i = 0, n - 1 do
   local o = 4 + i * 4
   local jk = base .. 'j:' .. ARGV[o]
-  local row = redis.call('HMGET', jk, 'state', 'by', 'claim', 'queue', 'm', 'lk', 'id', 'run')
+  local row = redis.call('HMGET', jk, 'state', 'by', 'claim', 'queue', 'm', 'lk', 'id', 'run',
+    'created')
   if row[1] ~= 'running' or row[2] ~= '=' .. ARGV[o + 1] or row[3] ~= ARGV[o + 2] then
     reply[#reply + 1] = 0
   else
@@ -46,10 +51,21 @@ for i = 0, n - 1 do
       redis.call('PEXPIRE', base .. 's:' .. row[8], ttl)
     end
     redis.call('ZADD', fin, now_s, row[7])
+    local xm = row[9] .. ':' .. row[7]
+    redis.call('ZREM', base .. 'x:' .. row[4] .. ':running', xm)
+    redis.call('ZADD', base .. 'x:' .. row[4] .. ':done', 0, xm)
+    touched[row[4]] = true
     reply[#reply + 1] = 1
   end
 end
 if ttl > 0 then
+  for queue in pairs(touched) do
+    local xk = base .. 'x:' .. queue .. ':done'
+    for _, xm in ipairs(redis.call('ZRANGE', xk, 0, 9)) do
+      if redis.call('EXISTS', base .. 'j:' .. string.sub(xm, 18)) == 1 then break end
+      redis.call('ZREM', xk, xm)
+    end
+  end
   redis.call('ZREMRANGEBYSCORE', fin, '-inf', '(' .. string.format('%.0f', now - ttl * 1000))
 end
 return reply

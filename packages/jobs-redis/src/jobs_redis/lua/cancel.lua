@@ -3,7 +3,8 @@
 -- KEYS[1]  <base>j:<id>  the row
 -- ARGV[1]  base          "{<prefix>}:"; keys built from it (same hash tag): <base>live,
 --                        <base>q:<queue>:{r,s,l,f}, <base>fin:cancelled (settled rows by
---                        settle time, for retention.lua)
+--                        settle time, for retention.lua), <base>x:<queue>:<state> (the
+--                        listing index, moved with the state)
 -- ARGV[2]  reason        stored as the last error ("=" and the text)
 -- ARGV[3]  code          stored as the last error code ("=" and the code)
 -- Reply:   "ok"; "missing" when no row has the id; else the finished row's state.
@@ -13,7 +14,7 @@
 
 local jk = KEYS[1]
 local base = ARGV[1]
-local row = redis.call('HMGET', jk, 'state', 'queue', 'm', 'lk', 'id')
+local row = redis.call('HMGET', jk, 'state', 'queue', 'm', 'lk', 'id', 'created')
 local state = row[1]
 if not state then return 'missing' end
 local src = ({ ready = 'r', delayed = 'r', suspended = 's', running = 'l' })[state]
@@ -22,6 +23,9 @@ local t = redis.call('TIME')
 local now_s = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
 local qk = base .. 'q:' .. row[2]
 redis.call('ZREM', qk .. ':' .. src, row[3])
+local xm = row[6] .. ':' .. row[5]
+redis.call('ZREM', base .. 'x:' .. row[2] .. ':' .. state, xm)
+redis.call('ZADD', base .. 'x:' .. row[2] .. ':cancelled', 0, xm)
 redis.call('HSET', jk, 'state', 'cancelled', 'updated', now_s, 'err', ARGV[2], 'errc', ARGV[3],
   'errs', '')
 redis.call('HINCRBY', qk .. ':f', 'cancelled', 1)

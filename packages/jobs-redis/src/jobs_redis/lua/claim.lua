@@ -4,7 +4,8 @@
 -- ARGV[1]  base          "{<prefix>}:"; keys built from it: <base>paused, <base>live,
 --                        <base>j:<id> (row), <base>q:<queue>:r (ready/delayed by run_at),
 --                        <base>q:<queue>:s (suspended by run_at), <base>q:<queue>:l (running by
---                        lease expiry), <base>q:<queue>:f (finished counts)
+--                        lease expiry), <base>q:<queue>:f (finished counts),
+--                        <base>x:<queue>:<state> (the listing index, moved with the state)
 -- ARGV[2]  limit         the most rows to hand out (>= 1)
 -- ARGV[3]  vt_ms         the lease each claimed row gets, in milliseconds
 -- ARGV[4]  worker        the claimant's incarnation id
@@ -69,6 +70,8 @@ for _, c in ipairs(cands) do
   local jk = base .. 'j:' .. id
   local qk = base .. 'q:' .. queue
   local bury = false
+  local was = redis.call('HMGET', jk, 'state', 'created')
+  local xm = was[2] .. ':' .. id
   if src == 'l' then
     local att = redis.call('HINCRBY', jk, 'att', 1)
     bury = att >= tonumber(redis.call('HGET', jk, 'max'))
@@ -81,6 +84,8 @@ for _, c in ipairs(cands) do
     redis.call('HSET', jk, 'state', state, 'updated', now_s,
       'err', '=LEASE_LAPSED_FINAL_ATTEMPT', 'errc', '', 'errs', '')
     redis.call('HINCRBY', qk .. ':f', state, 1)
+    redis.call('ZREM', base .. 'x:' .. queue .. ':' .. was[1], xm)
+    redis.call('ZADD', base .. 'x:' .. queue .. ':' .. state, 0, xm)
     local lk = redis.call('HGET', jk, 'lk')
     if redis.call('HGET', base .. 'live', lk) == id then redis.call('HDEL', base .. 'live', lk) end
     buried[#buried + 1] = id
@@ -92,6 +97,10 @@ for _, c in ipairs(cands) do
     redis.call('HSET', jk, 'state', 'running', 'by', '=' .. worker, 'vis', until_s,
       'updated', now_s)
     redis.call('ZADD', qk .. ':l', until_s, m)
+    if was[1] ~= 'running' then
+      redis.call('ZREM', base .. 'x:' .. queue .. ':' .. was[1], xm)
+      redis.call('ZADD', base .. 'x:' .. queue .. ':running', 0, xm)
+    end
     local row = redis.call('HMGET', jk, 'id', 'run', 'name', 'queue', 'input', 'att', 'max',
       'claim', 'tenant', 'key', 'tp', 'eb', 'created')
     for _, v in ipairs(row) do claimed[#claimed + 1] = v end

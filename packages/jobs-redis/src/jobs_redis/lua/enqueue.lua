@@ -4,14 +4,18 @@
 -- ARGV[1]  base          "{<prefix>}:"; every other key is built from it and so carries the same
 --                        hash tag: <base>j:<id> (row), <base>live (live keys -> id),
 --                        <base>queues (queue names), <base>q:<queue>:r (ready/delayed by run_at),
---                        <base>s:<run_id> (the run's steps; field "#job" names its job)
+--                        <base>s:<run_id> (the run's steps; field "#job" names its job),
+--                        <base>x:<queue>:<state> (the listing index: members "<created µs>:<id>")
 -- ARGV[2]  n             how many rows follow
 -- ARGV[3…] 13 values per row: id, run_id, name, queue, input (JSON text), idempotency key,
 --          tenant (optional), max_attempts, run_at (µs since the epoch, "" for none), delay_ms,
 --          traceparent (optional), enqueued_by (optional), live-key field.
 --          An optional value is "" for None, else "=" followed by the text.
+--          Then, for a cron fire only (SchedulerState.fire), 4 more: the task, the watermark the
+--          fire expects (µs, "" for none), the watermark it leaves (µs) and the occurrence (µs).
 -- Reply:   3 values per row, in input order: id, run_id, 1 when deduped else 0; or, writing
---          nothing, { "run-id-taken", position (1-based), the holding job's id }.
+--          nothing, { "run-id-taken", position (1-based), the holding job's id }; for a fire
+--          whose expected watermark is not the stored one, writing nothing, { "moved" }.
 --
 -- A request whose id names a row (live or finished) answers it; else one whose live key is held
 -- (by an earlier row of this call too) answers the holder; else a row is inserted. Its run_at is
@@ -21,6 +25,10 @@
 -- A run id belongs to one job: an inserted row records its id in its run's
 -- steps hash (<base>s:<run_id>, field "#job", which expires with the row's steps), and a request
 -- that would insert a row under a run id another job recorded refuses the whole call.
+--
+-- A fire compares the task's watermark (<base>wm, task -> µs) before anything is written and, in
+-- the same call as the inserts, moves it and records the fire (<base>fires, task -> JSON text:
+-- occurrence, watermark, fired_at, job_ids), so no reader sees the rows without the watermark.
 
 local base = ARGV[1]
 local n = tonumber(ARGV[2])
@@ -30,6 +38,12 @@ local now_s = string.format('%.0f', now)
 local live = base .. 'live'
 local reply = {}
 local woken = {}
+local fire_at = 3 + n * 13
+local task = ARGV[fire_at]
+if task then
+  local stored = redis.call('HGET', base .. 'wm', task) or ''
+  if stored ~= ARGV[fire_at + 1] then return { 'moved' } end
+end
 
 -- First pass, writing nothing: who answers each request (the row its id names, the live row
 -- holding its key, or an earlier request of this call with the key), and whether a request
@@ -101,6 +115,7 @@ for i = 0, n - 1 do
       end
     end
     redis.call('ZADD', rk, string.format('%.0f', run_at), m)
+    redis.call('ZADD', base .. 'x:' .. queue .. ':' .. state, 0, now_s .. ':' .. id)
     if state == 'ready' then woken[queue] = true end
     reply[#reply + 1] = id
     reply[#reply + 1] = run_id
@@ -108,6 +123,14 @@ for i = 0, n - 1 do
   end
 end
 
+if task then
+  local ids = {}
+  for i = 1, #reply, 3 do ids[#ids + 1] = reply[i] end
+  redis.call('HSET', base .. 'wm', task, ARGV[fire_at + 2])
+  redis.call('HSET', base .. 'fires', task, cjson.encode({
+    occurrence = ARGV[fire_at + 3], watermark = ARGV[fire_at + 2], fired_at = now_s,
+    job_ids = ids }))
+end
 for queue in pairs(woken) do
   redis.call('PUBLISH', base .. 'wake', queue)
 end

@@ -4,7 +4,8 @@
 -- ARGV[1]  base          "{<prefix>}:"; keys built from it (same hash tag): <base>live,
 --                        <base>q:<queue>:{r,s,l,f} (ready/delayed, suspended, running, finished
 --                        counts), <base>wake (channel), <base>fin:<state> (settled rows by
---                        settle time, for retention.lua)
+--                        settle time, for retention.lua), <base>x:<queue>:<state> (the
+--                        listing index, moved with the state)
 -- ARGV[2]  worker        the fence's worker id
 -- ARGV[3]  claim         the fence's claim ordinal
 -- ARGV[4]  state         the target: ready, delayed, suspended, failed or dead
@@ -19,7 +20,8 @@
 
 local jk = KEYS[1]
 local base = ARGV[1]
-local row = redis.call('HMGET', jk, 'state', 'by', 'claim', 'queue', 'm', 'lk', 'id')
+local row = redis.call('HMGET', jk, 'state', 'by', 'claim', 'queue', 'm', 'lk', 'id',
+  'created')
 if row[1] ~= 'running' or row[2] ~= '=' .. ARGV[2] or row[3] ~= ARGV[3] then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -32,6 +34,9 @@ if ARGV[7] == '1' then
   redis.call('HSET', jk, 'err', ARGV[8], 'errc', ARGV[9], 'errs', ARGV[10])
 end
 redis.call('ZREM', qk .. ':l', m)
+local xm = row[8] .. ':' .. row[7]
+redis.call('ZREM', base .. 'x:' .. row[4] .. ':running', xm)
+redis.call('ZADD', base .. 'x:' .. row[4] .. ':' .. state, 0, xm)
 if state == 'ready' or state == 'delayed' or state == 'suspended' then
   local delay = tonumber(ARGV[6]) * 1000
   local run_at_s = string.format('%.0f', now + delay)

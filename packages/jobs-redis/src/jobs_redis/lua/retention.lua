@@ -3,7 +3,8 @@
 -- KEYS[1]  <base>fin:<state>  the state's settled rows: member the job id, score the settle time
 --                             (µs since the epoch), written by ack.lua, nack.lua and cancel.lua
 -- ARGV[1]  base          "{<prefix>}:"; keys built from it (same hash tag): <base>j:<id> (row),
---                        <base>s:<run_id> (its run's steps)
+--                        <base>s:<run_id> (its run's steps), <base>x:<queue>:<state> (the
+--                        listing index, which loses the row too)
 -- ARGV[2]  state         the finished state (done, failed, dead or cancelled)
 -- ARGV[3]  before_us     only rows settled strictly before this instant (µs since the epoch)
 -- ARGV[4]  limit         the most rows deleted by this call
@@ -26,9 +27,10 @@ while deleted < limit and seen < limit * 10 do
   for _, id in ipairs(ids) do
     seen = seen + 1
     local jk = base .. 'j:' .. id
-    local row = redis.call('HMGET', jk, 'state', 'run', 'updated')
+    local row = redis.call('HMGET', jk, 'state', 'run', 'updated', 'queue', 'created')
     if row[1] == state and tonumber(row[3]) < before then
       redis.call('DEL', jk, base .. 's:' .. row[2])
+      redis.call('ZREM', base .. 'x:' .. row[4] .. ':' .. state, row[5] .. ':' .. id)
       deleted = deleted + 1
     end
     redis.call('ZREM', fin, id)
