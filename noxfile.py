@@ -34,6 +34,11 @@ PINS = {
     # jobs-dashboard's tests: the HTTP client and the browser driver (Debian's Chromium).
     "httpx": "httpx==0.28.1",
     "playwright": "playwright==1.65.2",
+    # jobs-pg's framework integrations (the extras jobs-pg[sqlalchemy], jobs-pg[django]) and the
+    # Flask example of its README.
+    "sqlalchemy": "sqlalchemy[asyncio]==2.1.9",
+    "django": "django==5.2.19",
+    "flask": "flask==3.1.3",
 }
 
 CORE = "packages/jobs-core"
@@ -57,6 +62,10 @@ TEST_DEPS = [
     PINS["hypothesis"],
     PINS["opentelemetry-sdk"],
 ]
+
+# jobs-pg's tests import its framework integrations (SQLAlchemy, Django) and run the README's
+# Flask and FastAPI examples, so every session collecting them installs these.
+PG_FRAMEWORKS = [PINS["sqlalchemy"], PINS["django"], PINS["flask"], PINS["fastapi"], PINS["httpx"]]
 
 nox.options.sessions = [
     "lint",
@@ -100,7 +109,7 @@ def typecheck(session: nox.Session) -> None:
         PINS["opentelemetry-api"],
     )
     session.install("-e", REDIS, PINS["redis"], PINS["hiredis"])
-    session.install("-e", PG)
+    session.install("-e", PG, *PG_FRAMEWORKS)
     session.install("-e", WEBHOOKS)
     session.install("-e", IMPORT_EXPORT)
     session.install("-e", DASHBOARD)
@@ -151,7 +160,7 @@ def tests_pg(session: nox.Session) -> None:
     Also the core tests that take a ``postgresql`` variant once jobs-pg is installed (marked
     ``pg``; the core session, without jobs-pg, never collects them).
     """
-    session.install("-e", CORE, "-e", CONFORMANCE, "-e", PG, *TEST_DEPS)
+    session.install("-e", CORE, "-e", CONFORMANCE, "-e", PG, *PG_FRAMEWORKS, *TEST_DEPS)
     session.run(
         "pytest", f"{PG}/tests", "-m", "not slow and not conformance", "-q", *session.posargs
     )
@@ -161,7 +170,7 @@ def tests_pg(session: nox.Session) -> None:
 @nox.session(name="conformance-pg", python=PYTHON)
 def conformance_pg(session: nox.Session) -> None:
     """Run the jobs-conformance suite against the PostgreSQL driver, real SIGKILLs included."""
-    session.install("-e", CORE, "-e", CONFORMANCE, "-e", PG, *TEST_DEPS)
+    session.install("-e", CORE, "-e", CONFORMANCE, "-e", PG, *PG_FRAMEWORKS, *TEST_DEPS)
     session.run("pytest", f"{PG}/tests", "-m", "conformance", "-q", *session.posargs)
 
 
@@ -252,7 +261,7 @@ def pg_restart(session: nox.Session) -> None:
     loopback port, a pg_basebackup replica, as the ``postgres`` OS user under root) and a TCP
     proxy, and removes them; the shared server at 127.0.0.1:5432 is never touched.
     """
-    session.install("-e", CORE, "-e", CONFORMANCE, "-e", PG, *TEST_DEPS)
+    session.install("-e", CORE, "-e", CONFORMANCE, "-e", PG, *PG_FRAMEWORKS, *TEST_DEPS)
     session.run("pytest", f"{PG}/tests", "-m", "slow and not soak", "-q", *session.posargs)
 
 

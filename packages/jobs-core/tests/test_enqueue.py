@@ -646,34 +646,13 @@ def test_enqueue_sync_on_conflict_error(registry: JobRegistry) -> None:
     assert mem.live_count() == 1
 
 
-def test_a_sync_call_returns_though_a_task_it_left_swallows_a_cancellation() -> None:
-    """psycopg-pool's dial task catches ``CancelledError`` and retries: ``asyncio.run`` waited
-    for it forever when an ``enqueue_sync`` returned while the pool was still dialling."""
-    from jobs_core._current import run_sync
-
-    swallowed: list[bool] = []
-
-    async def stubborn() -> None:
-        try:
-            await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            swallowed.append(True)
-            await asyncio.sleep(3600)
-
-    async def call() -> str:
-        asyncio.get_running_loop().create_task(stubborn())
-        await asyncio.sleep(0)
-        return "answered"
-
-    assert run_sync(call()) == "answered"
-    assert swallowed == [True]
-
-
 async def test_enqueue_sync_inside_a_running_loop_raises(
     driver: MemoryDriver, signup_job: Any, recwarn: pytest.WarningsRecorder
 ) -> None:
-    with pytest.raises(RuntimeError, match="running event loop"):
+    with pytest.raises(RuntimeError, match="running event loop") as raised:
         signup_job.enqueue_sync(signup())
+    # It names the async twin to await instead.
+    assert "await JobHandle.enqueue(...)" in str(raised.value)
     assert await total_rows(driver) == 0
     # The coroutine was closed, not leaked un-awaited.
     assert not [w for w in recwarn if "never awaited" in str(w.message)]

@@ -337,6 +337,13 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "Enqueue inside the outbox store's transaction (jobs_pg.transaction(conn), MemoryOutboxStore.transaction()), pass outbox=tx, or install with mode='optional'.",
         "terminal",
     ),
+    ErrorCode(
+        "X_SYNC_IN_LOOP",
+        "SyncCallInLoopError",
+        "A *_sync function was called on a thread running an event loop, which it would block.",
+        "Await the async twin the message names (enqueue for enqueue_sync), or call from a thread without a running loop.",
+        "terminal",
+    ),
     # jobs-webhooks (packages/jobs-webhooks): outbound delivery, then the inbound receiver.
     ErrorCode(
         "X_WEBHOOK_DELIVERY_FAILED",
@@ -847,6 +854,12 @@ class OutboxNoTransactionError(JobsError):
     """The outbox is installed with mode='required' and the enqueue ran outside a transaction."""
 
     code = "X_OUTBOX_NO_TX"
+
+
+class SyncCallInLoopError(JobsError, RuntimeError):
+    """A *_sync function was called on a thread running an event loop, which it would block."""
+
+    code = "X_SYNC_IN_LOOP"
 
 
 class WebhookDeliveryFailedError(JobsError):

@@ -516,10 +516,13 @@ class JobHandle(Generic[I, R]):
     ) -> EnqueueResult:
         """:meth:`enqueue` for synchronous code (a sync body, a script, a sync web view).
 
-        Same arguments (``outbox`` included) and answer as :meth:`enqueue`.
+        Same arguments (``outbox`` included) and answer as :meth:`enqueue`. Outside a worker it
+        runs on the process-wide portal loop (:mod:`jobs_core.portal`), so every thread shares
+        one pool; it is safe from many threads at once and after a fork.
 
         Raises:
-            RuntimeError: when called on a thread running an event loop (``await enqueue``).
+            SyncCallInLoopError: ``X_SYNC_IN_LOOP`` on a thread running an event loop (``await
+                enqueue`` there).
             JobsError: as :meth:`enqueue`.
         """
         return run_sync(
@@ -530,6 +533,39 @@ class JobHandle(Generic[I, R]):
                 queue=queue,
                 tenant_id=tenant_id,
                 run_id=run_id,
+                on_conflict=on_conflict,
+                outbox=outbox,
+                order_key=order_key,
+            )
+        )
+
+    def enqueue_many_sync(
+        self,
+        inputs: Iterable[I | JSONValue],
+        *,
+        run_at: datetime | None = None,
+        delay: Duration | None = None,
+        queue: str | None = None,
+        tenant_id: str | None = None,
+        on_conflict: OnConflict = "dedupe",
+        outbox: Any = None,
+        order_key: str | None = None,
+    ) -> list[EnqueueResult]:
+        """:meth:`enqueue_many` for synchronous code, on the portal loop as :meth:`enqueue_sync`.
+
+        Same arguments and answer as :meth:`enqueue_many`.
+
+        Raises:
+            SyncCallInLoopError: ``X_SYNC_IN_LOOP`` on a thread running an event loop.
+            JobsError: as :meth:`enqueue_many`.
+        """
+        return run_sync(
+            self.enqueue_many(
+                inputs,
+                run_at=run_at,
+                delay=delay,
+                queue=queue,
+                tenant_id=tenant_id,
                 on_conflict=on_conflict,
                 outbox=outbox,
                 order_key=order_key,

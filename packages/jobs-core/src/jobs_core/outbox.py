@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from uuid import uuid4
 
-from jobs_core._current import current_driver
+from jobs_core._current import call_driver
 from jobs_core._durations import Duration, parse_duration
 from jobs_core.driver import JobDriver, LeaderLease, OutboxStageMany, OutboxStore
 from jobs_core.drivers.memory_outbox import MemoryOutboxStore, MemoryTransaction
@@ -211,7 +211,7 @@ async def submit_one(req: EnqueueRequest, outbox: Any, *, staged_ok: bool) -> En
     """
     target = _staging_target(outbox)
     if target is None:
-        return await current_driver().enqueue(req)
+        return await call_driver(lambda driver: driver.enqueue(req))
     if not staged_ok:
         raise JobOptionsInvalidError(
             "on_conflict: 'error' cannot be honoured inside an outbox transaction (a live "
@@ -240,7 +240,7 @@ async def submit_many(reqs: Sequence[EnqueueRequest], outbox: Any) -> list[Enque
     """
     target = _staging_target(outbox)
     if target is None:
-        return await current_driver().enqueue_many(reqs)
+        return await call_driver(lambda driver: driver.enqueue_many(reqs))
     first: dict[tuple[str, str, str], EnqueueRequest] = {}
     staged: list[EnqueueRequest] = []
     results: list[EnqueueResult] = []

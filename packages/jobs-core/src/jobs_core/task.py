@@ -34,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeAlias, get_args
 from uuid import UUID
 
-from jobs_core._current import current_driver, run_sync
+from jobs_core._current import call_driver, run_sync
 from jobs_core.cron import CronSchedule
 from jobs_core.errors import (
     EnqueueBatchTooLargeError,
@@ -245,8 +245,10 @@ class TaskHandle:
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when no driver is installed.
             JobsError: any error of :meth:`requests` (nothing written).
         """
-        driver = current_driver()
-        at = await driver.steps.now() if occurrence is None else occurrence
+        if occurrence is None:
+            at = await call_driver(lambda driver: driver.steps.now())
+        else:
+            at = occurrence
         pairs = self.entries(at)
         groups: dict[int, tuple[JobHandle[Any, Any], list[int]]] = {}
         for index, (handle, value) in enumerate(pairs):
@@ -259,10 +261,10 @@ class TaskHandle:
         return [answered[index] for index in range(len(pairs))]
 
     def enqueue_sync(self, occurrence: datetime | None = None) -> list[EnqueueResult]:
-        """:meth:`enqueue` for synchronous code.
+        """:meth:`enqueue` for synchronous code, run on the portal loop (:mod:`jobs_core.portal`).
 
         Raises:
-            RuntimeError: when called on a thread running an event loop (``await enqueue``).
+            SyncCallInLoopError: ``X_SYNC_IN_LOOP`` on a thread running an event loop.
             JobsError: as :meth:`enqueue`.
         """
         return run_sync(self.enqueue(occurrence))

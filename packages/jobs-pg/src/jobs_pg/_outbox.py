@@ -12,17 +12,19 @@ there, and an event published inside it (``publish_event``) joins it too.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, ExitStack
 from contextvars import ContextVar, Token
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 from uuid import UUID, uuid4
 
 import psycopg
 
 from jobs_core.driver import LeaderLease
 from jobs_core.errors import DriverRequestInvalidError, DriverUnavailableError
+from jobs_core.portal import add_capture, remove_capture
 from jobs_core.types import ENQUEUE_CHUNK, EnqueueRequest, OutboxClaim, OutboxRow
 from jobs_pg._db import UNAVAILABLE, Db, Row, refused_value, utc
 from jobs_pg._records import request_arrays
@@ -30,12 +32,74 @@ from jobs_pg._records import request_arrays
 Connection = psycopg.AsyncConnection[Any] | psycopg.Connection[Any]
 """The app's psycopg connection, async or sync."""
 
-_ambient: ContextVar[Connection | None] = ContextVar("jobs_pg_ambient", default=None)
+
+@runtime_checkable
+class DeferredConnection(Protocol):
+    """An ambient transaction whose psycopg connection is found when an enqueue stages on it.
+
+    A framework's transaction may not hold a connection yet when it is entered (a SQLAlchemy
+    ``Session`` acquires one at its first statement): the integration makes this ambient, and
+    the stage asks it for the connection (:mod:`jobs_pg.sqlalchemy`).
+    """
+
+    async def psycopg_connection(self) -> Connection:
+        """Answer the psycopg connection of the transaction, acquiring it if needed.
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` when the transaction's
+                connection is not a psycopg 3 one.
+        """
+        ...
 
 
-def ambient_connection() -> Connection | None:
-    """Answer the connection made ambient by :func:`transaction` in this context, or ``None``."""
-    return _ambient.get()
+_ambient: ContextVar[Connection | DeferredConnection | None] = ContextVar(
+    "jobs_pg_ambient", default=None
+)
+
+
+AmbientProvider = Callable[[], "Connection | None"]
+"""Answers the caller's open transaction's connection, or ``None`` (``jobs_pg.django``'s)."""
+
+_providers: list[AmbientProvider] = []
+
+
+def add_ambient_provider(provider: AmbientProvider) -> None:
+    """Consult ``provider`` when no transaction is ambient in this context (once per provider).
+
+    For a framework that keeps its transaction in thread-local state (Django): it runs on the
+    caller's thread, directly or before a sync call hops to the portal loop
+    (:func:`jobs_core.portal.add_capture`).
+    """
+    if provider not in _providers:
+        _providers.append(provider)
+    add_capture(_capture_ambient)
+
+
+def remove_ambient_provider(provider: AmbientProvider) -> None:
+    """Stop consulting ``provider``."""
+    if provider in _providers:
+        _providers.remove(provider)
+    if not _providers:
+        remove_capture(_capture_ambient)
+
+
+def _capture_ambient() -> None:
+    if _ambient.get() is None:
+        found = ambient_connection()
+        if found is not None:
+            _ambient.set(found)
+
+
+def ambient_connection() -> Connection | DeferredConnection | None:
+    """Answer the transaction ambient in this context, else a provider's, else ``None``."""
+    found = _ambient.get()
+    if found is not None:
+        return found
+    for provider in _providers:
+        conn = provider()
+        if conn is not None:
+            return conn
+    return None
 
 
 class _AmbientTransaction:
@@ -43,7 +107,7 @@ class _AmbientTransaction:
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
-        self._token: Token[Connection | None] | None = None
+        self._token: Token[Connection | DeferredConnection | None] | None = None
         self._async = AsyncExitStack()
         self._sync = ExitStack()
 
@@ -105,10 +169,17 @@ def transaction(conn: Connection) -> _AmbientTransaction:
     return _AmbientTransaction(conn)
 
 
+def _sync_first_row(conn: psycopg.Connection[Any], query: Any, params: Any) -> Row | None:
+    cur = conn.execute(query, params)
+    return cur.fetchone() if cur.description is not None else None
+
+
 async def on_caller_connection(
-    db: Db, conn: Connection, block: str, values: Mapping[str, Any]
+    db: Db, conn: Connection | DeferredConnection, block: str, values: Mapping[str, Any]
 ) -> Row | None:
     """Run ``block`` on the app's connection and answer its first row.
+
+    A :class:`DeferredConnection` is asked for its psycopg connection first.
 
     Raises:
         DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when that connection is broken.
@@ -117,14 +188,17 @@ async def on_caller_connection(
     """
     query = db.statements[block]
     params = db.params(values)
+    if isinstance(conn, DeferredConnection):
+        conn = await conn.psycopg_connection()
     try:
         if isinstance(conn, psycopg.AsyncConnection):
             cur = await conn.execute(query, params)
             return await cur.fetchone() if cur.description is not None else None
         if isinstance(conn, psycopg.Connection):
-            # A sync app's connection: the statement is short and runs on the caller's thread.
-            sync_cur = conn.execute(query, params)
-            return sync_cur.fetchone() if sync_cur.description is not None else None
+            # A sync app's connection (Django's, a SQLAlchemy Session's): a sync caller's
+            # enqueue runs on the shared portal loop, which a blocking statement would stall
+            # for every other thread, so it runs on a thread of its own.
+            return await asyncio.to_thread(_sync_first_row, conn, query, params)
     except psycopg.DataError as exc:
         raise refused_value(exc) from None
     except UNAVAILABLE as exc:
@@ -156,9 +230,9 @@ class PgOutboxStore:
         self._db = db
         self.relay_lease = relay_lease
 
-    def ambient(self) -> Connection | None:
-        """Answer the connection :func:`transaction` made ambient in this context, or ``None``."""
-        return _ambient.get()
+    def ambient(self) -> Connection | DeferredConnection | None:
+        """Answer the transaction ambient in this context (:func:`ambient_connection`)."""
+        return ambient_connection()
 
     async def stage(self, req: EnqueueRequest, tx: Any) -> None:
         """Write ``req`` into the outbox on the app's connection ``tx`` (in its transaction).

@@ -276,6 +276,17 @@ class PostgresDriver:
         listen_url: str | None = None,
     ) -> None:
         self.schema = check_schema(schema)
+        self._config: dict[str, Any] = {
+            "url": url,
+            "schema": schema,
+            "pool": pool,
+            "min_size": min_size,
+            "max_size": max_size,
+            "timeout": timeout,
+            "prepare_threshold": prepare_threshold,
+            "clock": clock,
+            "listen_url": listen_url,
+        }
         if min_size < 0 or max_size < max(min_size, 1):
             raise DriverRequestInvalidError(
                 f"pool sizes must satisfy 0 <= min_size <= max_size, max_size >= 1; got "
@@ -343,6 +354,17 @@ class PostgresDriver:
             await driver.close()
             raise
         return driver
+
+    def reopened(self) -> PostgresDriver:
+        """Answer a new driver of this one's configuration that shares none of its connections.
+
+        A forked child calls it (through :mod:`jobs_core.portal`) for the installed driver: the
+        parent's pool and its sockets stay the parent's, and the copy's pool dials on first use.
+        A driver borrowing an app-owned pool answers itself: that pool is the app's to re-open.
+        """
+        if self._config["pool"] is not None:
+            return self
+        return PostgresDriver(**self._config)
 
     @property
     def clock(self) -> Clock | None:

@@ -1,0 +1,1 @@
+"""Management commands of jobs_pg.django."""

@@ -1,0 +1,1 @@
+"""``jobs_migrate`` and ``jobs_worker``."""

@@ -1,0 +1,12 @@
+"""The test Django project's manage.py (settings from DJANGO_SETTINGS_MODULE=site_settings)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__":
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "site_settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
