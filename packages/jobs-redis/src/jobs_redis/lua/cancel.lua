@@ -9,7 +9,7 @@
 -- Reply:   "ok"; "missing" when no row has the id; else the finished row's state.
 --
 -- A running row's next heartbeat, settle or step write fails its fence, so the worker fires the
--- body's cancel signal.
+-- body's cancel signal; the attempt it was on is counted (it ran).
 
 local jk = KEYS[1]
 local base = ARGV[1]
@@ -22,6 +22,7 @@ local t = redis.call('TIME')
 local now_s = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
 local qk = base .. 'q:' .. row[2]
 redis.call('ZREM', qk .. ':' .. src, row[3])
+if state == 'running' then redis.call('HINCRBY', jk, 'att', 1) end
 redis.call('HSET', jk, 'state', 'cancelled', 'updated', now_s, 'err', ARGV[2], 'errc', ARGV[3],
   'errs', '')
 redis.call('HINCRBY', qk .. ':f', 'cancelled', 1)

@@ -79,7 +79,7 @@ for _, c in ipairs(cands) do
     local state = 'dead'
     if drop[name] then state = 'failed' end
     redis.call('HSET', jk, 'state', state, 'updated', now_s,
-      'err', '=LEASE_LAPSED_FINAL_ATTEMPT', 'errc', '', 'errs', '')
+      'err', '=LEASE_LAPSED_FINAL_ATTEMPT', 'errc', '=X_JOB_MAX_ATTEMPTS', 'errs', '')
     redis.call('HINCRBY', qk .. ':f', state, 1)
     local lk = redis.call('HGET', jk, 'lk')
     if redis.call('HGET', base .. 'live', lk) == id then redis.call('HDEL', base .. 'live', lk) end
