@@ -130,7 +130,8 @@ def test_ls_dead_and_show_as_json_redact_the_input(mem: MemoryDriver, checkout: 
     shown = as_json(invoke(mem, "show", str(ids["dead"]), "--json"))
     job = shown["job"]
     assert shown["declared"] is True
-    assert job["state"] == "dead" and job["last_error"] == "carrier down"
+    assert job["state"] == "dead" and job["last_error_code"] == "X_JOB_MAX_ATTEMPTS"
+    assert job["last_error"].endswith("the last failed with carrier down")
     assert "RuntimeError: carrier down" in job["last_error_stack"]
     assert [s["name"] for s in job["steps"]] == ["reserve", "charge", "ship"]
     assert job["input"] == {"order": "bad-1", "card": "[redacted]"}

@@ -77,7 +77,7 @@ async def test_each_ending_is_told_once_with_its_details(
         [
             ("completed", "ok", "done:ok", None, "org-3"),
             ("dead-lettered", "bad", None, None, "org-1"),
-            ("dropped", "d", None, None, "org-1"),
+            ("dropped", "d", None, "X_JOB_MAX_ATTEMPTS", "org-1"),
             ("refused", "b", None, "X_JOB_KEY_BUSY", "org-1"),
         ],
         key=str,

@@ -390,7 +390,9 @@ async def test_step_timeout_fires_the_step_signal_then_fails_the_step(
     row = await info(driver, result.id)
     assert seen == ["X_STEP_TIMEOUT"]
     assert row.state == JobState.DEAD
-    assert row.last_error_code == "X_STEP_TIMEOUT"
+    # Its only attempt ran out; the step timeout is the last attempt's own code.
+    assert row.last_error_code == "X_JOB_MAX_ATTEMPTS"
+    assert row.last_error is not None and "X_STEP_TIMEOUT" in row.last_error
 
 
 async def test_job_timeout_cancels_the_body_before_failing_and_refuses_late_writes(
@@ -414,7 +416,8 @@ async def test_job_timeout_cancels_the_body_before_failing_and_refuses_late_writ
     await asyncio.wait_for(released.wait(), 2)
     row = await info(driver, result.id)
     assert row.state == JobState.DEAD
-    assert row.last_error_code == "X_JOB_TIMEOUT"
+    assert row.last_error_code == "X_JOB_MAX_ATTEMPTS"
+    assert row.last_error is not None and "X_JOB_TIMEOUT" in row.last_error
     assert late == ["X_JOB_TIMEOUT", AbortedError.code]
     assert all(s.name != "late" for s in row.steps)
 

@@ -393,10 +393,11 @@ async def test_final_attempt_lapse_is_buried(
     assert [j.id for j in handed] == [other.id]
     assert told == [BuriedJob(result.id, "crasher", "default", state)]
     buried = await info(driver, result.id)
-    assert (buried.state, buried.attempt, buried.last_error) == (
+    assert (buried.state, buried.attempt, buried.last_error, buried.last_error_code) == (
         state,
         2,
         LEASE_LAPSED_FINAL_ATTEMPT,
+        "X_JOB_MAX_ATTEMPTS",
     )
     assert not (await driver.enqueue(request("k", name="crasher"))).deduped
     [stats] = await driver.stats()
@@ -774,7 +775,9 @@ async def test_cancel_rules(driver: RedisDriver) -> None:
     )
     assert await claim(driver) == []
     assert not (await driver.enqueue(request("queued"))).deduped
-    await driver.operator.cancel(running.id, "stop")
+    assert cancelled.attempt == 0
+    # The running attempt the cancel stopped is counted (it ran): `jobsctl ls` reads 1/3.
+    assert (await driver.operator.cancel(running.id, "stop")).attempt == 1
     assert not await driver.heartbeat(job.id, job.fence, 1_000)
     assert not await driver.ack(job.id, Settle(job.fence))
     assert not await driver.steps.write(

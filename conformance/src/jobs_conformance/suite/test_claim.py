@@ -127,6 +127,8 @@ async def test_a_lapse_on_the_final_attempt_is_buried(target: Target, dropped: b
         info = await driver.introspect.get(a.id)  # type: ignore[attr-defined]
         assert info.state == state
         assert info.last_error == LEASE_LAPSED_FINAL_ATTEMPT
+        # Its attempts ran out: the code says so, as for a body that failed on its last one.
+        assert info.last_error_code == "X_JOB_MAX_ATTEMPTS"
 
 
 async def test_paused_queues_yield_nothing(target: Target) -> None:

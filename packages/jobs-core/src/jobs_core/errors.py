@@ -234,6 +234,19 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "Keep bodies from blocking the event loop (CPU work belongs in a sync body) or raise the visibility timeout.",
     ),
     ErrorCode(
+        "X_JOB_SLOT_LOST",
+        "SlotLostError",
+        "The attempt lost its fleet concurrency slot (its renewal was refused); it is handed back, not counted.",
+        "Keep bodies from blocking the event loop, or raise the visibility timeout (the slot lives as long as the lease).",
+    ),
+    ErrorCode(
+        "X_JOB_MAX_ATTEMPTS",
+        "MaxAttemptsError",
+        "The row's attempts ran out; the error text names the last attempt's own code and message.",
+        "Fix what the last attempt failed with (see the error text), then jobsctl retry ID.",
+        "terminal",
+    ),
+    ErrorCode(
         "X_JOB_EVENT_INVALID",
         "EventInvalidError",
         "A stored event does not validate against the wait's schema (the issues are listed; the payload is not).",
@@ -764,6 +777,18 @@ class LeaseLostError(JobsError):
     """The worker lost the job's lease (no renewal landed for a whole visibility timeout)."""
 
     code = "X_JOB_LEASE_LOST"
+
+
+class SlotLostError(JobsError):
+    """The attempt lost its fleet concurrency slot (its renewal was refused); it is handed back, not counted."""
+
+    code = "X_JOB_SLOT_LOST"
+
+
+class MaxAttemptsError(JobsError):
+    """The row's attempts ran out; the error text names the last attempt's own code and message."""
+
+    code = "X_JOB_MAX_ATTEMPTS"
 
 
 class EventInvalidError(JobsError):

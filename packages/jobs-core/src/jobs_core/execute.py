@@ -14,7 +14,10 @@ raised for good                     (compensators run, newest first) then ``dead
                                     ``Retry(dead_letter=False)`` — ``dropped``
 never ran: key busy, ``fail``       ``failed`` with ``X_JOB_KEY_BUSY`` — ``refused``
 never ran: over a limit / ``wait``  handed back, attempt not spent — ``deferred``
-lost its claim (cancel, lapse)      untouched (someone else owns it) — ``lost``
+lost its fleet concurrency slot     handed back, attempt not spent, ``X_JOB_SLOT_LOST`` —
+                                    ``interrupted``
+cancelled by an operator            untouched (the row is ``cancelled``) — ``cancelled``
+lost its claim (lapse)              untouched (someone else owns it) — ``lost``
 ==================================  ======================================================
 """
 
@@ -44,11 +47,14 @@ from jobs_core.driver import (
 from jobs_core.errors import (
     CompensationFailedError,
     DrainingError,
+    JobCancelledError,
     JobsError,
     JobTimeoutError,
     JobUnknownError,
     KeyBusyError,
+    MaxAttemptsError,
     OnSettledFailedError,
+    SlotLostError,
     TenantMismatchError,
     classification_of,
 )
@@ -78,6 +84,7 @@ Outcome = Literal[
     "interrupted",
     "refused",
     "deferred",
+    "cancelled",
     "lost",
 ]
 
@@ -132,6 +139,10 @@ class Attempt:
         runner: its step runner, once the body starts.
         slot: the fleet concurrency slot held, if any.
         lost: set when a heartbeat found the claim gone.
+        slot_lost: set when a heartbeat found the fleet slot gone (the claim is still held, so
+            the attempt is handed back, not counted).
+        reports: how many ``ctx.progress`` reports the body made (the worker reads it as
+            progress, with the step writes, for its stuck-run warning).
         result: the body's return value once it completed.
         error: the failure the row was settled with, once it was.
         settled: set once the row's settle landed or was refused (the attempt no longer owns it;
@@ -147,6 +158,8 @@ class Attempt:
     runner: StepRunner | None = None
     slot: LeaseRequest | None = None
     lost: bool = False
+    slot_lost: bool = False
+    reports: int = 0
     settled: bool = False
     result: Any = None
     error: ErrorInfo | None = None
@@ -225,18 +238,18 @@ async def _acquire_slot(
     return await hand_back(env.driver, attempt.job)
 
 
-async def hand_back(
-    driver: JobDriver, job: ClaimedJob, delay_ms: int = BUSY_RETRY.delay_after_ms(1)
-) -> Outcome:
+async def hand_back(driver: JobDriver, job: ClaimedJob, delay_ms: int | None = None) -> Outcome:
     """Give a claimed row back unrun (attempt not spent), due again in ``delay_ms`` (ms).
 
-    The default is about a second (a busy slot); answers ``deferred``, or ``lost`` if the claim
-    was no longer held.
+    The default (``None``) is about a second (a busy slot), drawn with jitter on every call so
+    rows deferred together do not all come back at once; answers ``deferred``, or ``lost`` if
+    the claim was no longer held.
 
     Raises:
         DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``; the lease lapses instead.
     """
-    opts = NackOptions(job.fence, delay_ms=delay_ms, count_attempt=False)
+    delay = BUSY_RETRY.delay_after_ms(1) if delay_ms is None else delay_ms
+    opts = NackOptions(job.fence, delay_ms=delay, count_attempt=False)
     return "deferred" if await driver.nack(job.id, opts) else "lost"
 
 
@@ -265,7 +278,7 @@ async def _run(
     if attempt.cancel.is_set:
         runner.abort(attempt.cancel.reason or DrainingError())
     if handle.compensates and not runner.unwinding and job.attempt > handle.retry.attempts:
-        await runner.begin_unwind(ErrorInfo(LEASE_LAPSED_FINAL_ATTEMPT, code=None))
+        await runner.begin_unwind(ErrorInfo(LEASE_LAPSED_FINAL_ATTEMPT, MaxAttemptsError.code))
     ctx = JobContext(
         job_id=job.id,
         run_id=job.run_id,
@@ -276,19 +289,25 @@ async def _run(
         tenant_id=tenant,
         cancel=attempt.cancel,
         log=JobLogger(_job_logger(job.name), JobIds(job.id, job.run_id, job.attempt)),
-        _report=None if env.introspect is None else _ProgressReporter(env, env.introspect, job),
+        _report=None if env.introspect is None else _ProgressReporter(env, env.introspect, attempt),
     )
     started = env.clock.monotonic()
     try:
-        result = await call_body(env, handle, value, runner, ctx, tenant, handle.timeout_ms)
+        result = await _body(env, attempt, handle, value, runner, ctx, tenant)
     except StepSuspended:
         return await _park(env, attempt, runner)
     except UnwindReached:
         return await _unwind(env, attempt, handle, runner)
     except Exception as exc:
+        stopped = await _stopped(env, attempt) if attempt.cancel.is_set else None
+        if stopped is not None:
+            return stopped
         if runner.unwinding:
             return await _unwind(env, attempt, handle, runner)
         return await _after_failure(env, attempt, handle, runner, exc)
+    stopped = await _stopped(env, attempt) if attempt.cancel.is_set else None
+    if stopped is not None:
+        return stopped
     if runner.suspension is not None:
         return await _park(env, attempt, runner)
     if runner.unwinding:
@@ -312,6 +331,49 @@ async def _run(
     )
     attempt.settled = True
     return "completed" if landed else _lost(job, "ack")
+
+
+async def _body(
+    env: AttemptEnv,
+    attempt: Attempt,
+    handle: JobHandle[Any, Any],
+    value: Any,
+    runner: StepRunner,
+    ctx: JobContext,
+    tenant: str | None,
+) -> Any:
+    """Run the body (:func:`call_body`), then write its last progress report if one is pending.
+
+    The write lands before the settle, so the settled row carries the body's last report.
+    """
+    try:
+        return await call_body(env, handle, value, runner, ctx, tenant, handle.timeout_ms)
+    finally:
+        report = ctx._report
+        if isinstance(report, _ProgressReporter) and not attempt.lost:
+            await report.flush()
+
+
+async def _stopped(env: AttemptEnv, attempt: Attempt) -> Outcome | None:
+    """Answer the outcome of an attempt an operator cancelled or whose fleet slot was lost.
+
+    ``None`` when neither happened (the body's own result or error decides). A cancelled row is
+    left as the operator left it (outcome ``cancelled``); after a lost slot the row is handed
+    back, the attempt not spent, with ``X_JOB_SLOT_LOST`` as its error (outcome
+    ``interrupted``): the body ran without the slot, so its result cannot stand.
+    """
+    reason = attempt.cancel.reason
+    if attempt.lost and isinstance(reason, JobCancelledError):
+        return "cancelled"
+    if attempt.slot_lost and isinstance(reason, SlotLostError) and not attempt.lost:
+        opts = NackOptions(
+            attempt.job.fence,
+            error=ErrorInfo(reason.message, reason.code),
+            delay_ms=BUSY_RETRY.delay_after_ms(1),
+            count_attempt=False,
+        )
+        return await _settle(env, attempt, opts, "interrupted")
+    return None
 
 
 async def call_body(
@@ -410,35 +472,91 @@ def _actor(name: str, tenant: str | None) -> Actor:
 class _ProgressReporter:
     """``JobContext.progress``'s writer: one write per ``PROGRESS_INTERVAL_MS``, the latest wins.
 
-    Callable from the loop or from a sync body's thread; the write runs on the worker's loop.
+    A report inside the interval is kept and written when the interval ends, and :meth:`flush`
+    writes a pending one before the attempt settles, so the last report is never lost. Writes
+    run one after another, so an older report never lands after a newer one. Callable from the
+    loop or from a sync body's thread; the writes run on the worker's loop.
     """
 
-    __slots__ = ("_clock", "_introspect", "_job", "_last", "_loop")
+    __slots__ = (
+        "_armed",
+        "_attempt",
+        "_clock",
+        "_closed",
+        "_introspect",
+        "_last",
+        "_latest",
+        "_loop",
+        "_pending",
+        "_timer",
+        "_writing",
+    )
 
-    def __init__(self, env: AttemptEnv, introspect: Introspector, job: ClaimedJob) -> None:
-        """Report for ``job`` through ``introspect`` on the running loop."""
+    def __init__(self, env: AttemptEnv, introspect: Introspector, attempt: Attempt) -> None:
+        """Report for ``attempt``'s row through ``introspect`` on the running loop."""
         self._loop = asyncio.get_running_loop()
         self._clock = env.clock
         self._introspect = introspect
-        self._job = job
-        self._last = 0.0
+        self._attempt = attempt
+        self._last: float | None = None
+        self._latest: JSONValue = None
+        # A report not written yet; a write or timer is scheduled (``_armed``) to take it.
+        self._pending = False
+        self._armed = False
+        self._closed = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._writing: asyncio.Task[None] | None = None
 
     def __call__(self, progress: JSONValue) -> None:
-        """Schedule ``progress``'s write unless one was scheduled less than a second ago."""
-        now = self._clock.monotonic()
-        if now - self._last >= PROGRESS_INTERVAL_MS / 1000:
-            self._last = now
-            self._loop.call_soon_threadsafe(self._write, progress)
+        """Keep ``progress`` as the latest report; schedule its write unless one is scheduled."""
+        self._attempt.reports += 1
+        self._latest = progress
+        self._pending = True
+        if self._armed:
+            return
+        self._armed = True
+        interval = PROGRESS_INTERVAL_MS / 1000
+        since = None if self._last is None else self._clock.monotonic() - self._last
+        delay = 0.0 if since is None else max(0.0, interval - since)
+        self._loop.call_soon_threadsafe(self._arm, delay)
 
-    def _write(self, progress: JSONValue) -> None:
-        job = self._job
-        task = self._loop.create_task(self._introspect.record_progress(job.id, job.fence, progress))
-        task.add_done_callback(_swallow)
+    def _arm(self, delay: float) -> None:
+        if delay <= 0:
+            self._fire()
+        else:
+            self._timer = self._loop.call_later(delay, self._fire)
 
+    def _fire(self) -> None:
+        self._timer = None
+        # Cleared before the report is read: a report made meanwhile arms a write of its own.
+        self._armed = False
+        if not self._pending or self._closed:
+            return
+        self._pending = False
+        self._last = self._clock.monotonic()
+        self._writing = self._loop.create_task(self._write(self._writing, self._latest))
 
-def _swallow(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        _log.warning("jobs.progress.failed", extra={"event": "jobs.progress.failed"})
+    async def _write(self, previous: asyncio.Task[None] | None, progress: JSONValue) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        job = self._attempt.job
+        try:
+            await self._introspect.record_progress(job.id, job.fence, progress)
+        except Exception:
+            _log.warning("jobs.progress.failed", extra={"event": "jobs.progress.failed"})
+
+    async def flush(self) -> None:
+        """Write a pending report now and wait for the writes in flight; later reports are dropped.
+
+        Never raises: a failed write is logged ``jobs.progress.failed``.
+        """
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._pending:
+            self._fire()
+        self._closed = True
+        if self._writing is not None:
+            await asyncio.wait([self._writing])
 
 
 async def _park(env: AttemptEnv, attempt: Attempt, runner: StepRunner) -> Outcome:
@@ -470,9 +588,9 @@ async def _after_failure(
     if kind != "terminal" and job.attempt < handle.retry.attempts:
         return await _fail(env, attempt, handle.retry, info, kind, retry_after)
     if handle.compensates:
-        await runner.begin_unwind(info)
+        await runner.begin_unwind(info if kind == "terminal" else _ran_out(job, info))
         return await _unwind(env, attempt, handle, runner)
-    return await _fail(env, attempt, handle.retry, info, "terminal")
+    return await _fail(env, attempt, handle.retry, info, kind)
 
 
 def _retry_after_ms(exc: BaseException) -> int | None:
@@ -501,7 +619,18 @@ async def _fail(
         return await _settle(
             env, attempt, NackOptions(job.fence, error=info, delay_ms=delay), "retried"
         )
-    return await _bury(env, attempt, retry, info)
+    return await _bury(env, attempt, retry, info if kind == "terminal" else _ran_out(job, info))
+
+
+def _ran_out(job: ClaimedJob, last: ErrorInfo) -> ErrorInfo:
+    """Answer the error of a row buried because its attempts ran out (``X_JOB_MAX_ATTEMPTS``).
+
+    The last attempt's own code and message follow in the text (cut to the stored 2,000
+    characters); its stack is kept as the row's stack.
+    """
+    own = f"{last.code}: {last.message}" if last.code else last.message
+    message = f"attempts ran out after attempt {job.attempt}; the last failed with {own}"
+    return ErrorInfo(message[:2_000], MaxAttemptsError.code, last.stack)
 
 
 async def _bury(env: AttemptEnv, attempt: Attempt, retry: Retry, info: ErrorInfo) -> Outcome:

@@ -10,6 +10,8 @@ series                                    kind       meaning
                                                      ``retried``, ``dead-lettered``, ...)
 ``job_duration_seconds{queue,job}``       histogram  attempt wall time (bodies that ran)
 ``queue_oldest_ready_seconds{queue}``     gauge      how long the oldest due row has waited
+``queue_oldest_running_seconds{queue}``   gauge      how long the oldest attempt still running
+                                                     in this process has run (0 if none)
 ``queue_dead_jobs{queue}``                gauge      dead-letter size
 ``job_leases_lost_total{queue}``          counter    leases that lapsed while the body ran
 ``job_worker_in_flight``                  gauge      attempts running, summed over the
@@ -108,6 +110,8 @@ class JobsMetrics:
             registry.register(own)
         self.registry = registry if registry is not None else own
         self._workers: list[Worker] = []
+        # Per attached worker: {queue: age in seconds of its oldest running attempt}.
+        self._running_ages: dict[int, dict[str, float]] = {}
         self._lock = threading.Lock()
         # prometheus_client appends ``_total`` to a counter's name when it exposes it.
         self.jobs = Counter("jobs", "Attempts by outcome.", ["queue", "outcome"], registry=own)
@@ -134,6 +138,12 @@ class JobsMetrics:
         self.oldest_ready = Gauge(
             "queue_oldest_ready_seconds",
             "How long the oldest due row has waited, in seconds.",
+            ["queue"],
+            registry=own,
+        )
+        self.oldest_running = Gauge(
+            "queue_oldest_running_seconds",
+            "How long the oldest attempt still running in this process has run, in seconds.",
             ["queue"],
             registry=own,
         )
@@ -176,6 +186,25 @@ class JobsMetrics:
         with self._lock:
             if worker in self._workers:
                 self._workers.remove(worker)
+            ages = self._running_ages.pop(id(worker), {})
+        self._publish_running(ages)
+
+    def running_ages(self, worker: Worker, ages: dict[str, float]) -> None:
+        """Record ``worker``'s oldest running attempt per queue (seconds; 0 for none).
+
+        ``queue_oldest_running_seconds`` is the largest over the process's workers.
+        """
+        with self._lock:
+            self._running_ages[id(worker)] = dict(ages)
+        self._publish_running(ages)
+
+    def _publish_running(self, queues: dict[str, float]) -> None:
+        with self._lock:
+            every = list(self._running_ages.values())
+        for queue in queues:
+            self.oldest_running.labels(queue).set(
+                max((a.get(queue, 0.0) for a in every), default=0.0)
+            )
 
     def attempt(self, queue: str, job: str, outcome: str, seconds: float) -> None:
         """Record one attempt's outcome, and its duration when its body ran.

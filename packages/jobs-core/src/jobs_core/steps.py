@@ -148,6 +148,9 @@ class StepRunner:
 
     One runner serves one attempt. Its writes are fenced on the attempt's claim; once the attempt
     is aborted (cancelled, lease lost, timed out) every write raises ``X_ABORTED``.
+
+    Attributes:
+        writes: step records this attempt wrote so far (the worker's stuck-run check reads it).
     """
 
     def __init__(
@@ -184,6 +187,7 @@ class StepRunner:
         self._aborted: JobsError | None = None
         self.compensators: list[Compensator] = []
         self.suspension: StepSuspended | None = None
+        self.writes = 0
 
     @property
     def unwinding(self) -> bool:
@@ -544,6 +548,7 @@ class StepRunner:
                 step=record.name,
             )
         self._records[record.name] = record
+        self.writes += 1
 
     async def _record_failure(
         self, name: str, attempts: int, message: str, started: datetime

@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import islice
+from typing import Any
 from uuid import UUID, uuid4
 
 from jobs_core._current import bind_worker
@@ -53,6 +54,7 @@ from jobs_core.errors import (
     JobOptionsInvalidError,
     JobsError,
     LeaseLostError,
+    SlotLostError,
 )
 from jobs_core.execute import Attempt, AttemptEnv, Outcome, execute, hand_back
 from jobs_core.job import REGISTRY, JobRegistry
@@ -111,6 +113,17 @@ class _Held:
     # The row holds a count of the in-process Limits gate (released once, at the earlier of
     # the body's completion and the attempt's end).
     gated: bool = False
+    # When the attempt started, and when it last made progress (a step write or a progress
+    # report, seen by the heartbeat through ``mark``), on the worker's monotonic clock.
+    started: float = 0.0
+    progressed: float = 0.0
+    mark: tuple[int, int] = (0, 0)
+    # The stuck-run warning was logged for this attempt.
+    stuck: bool = False
+    # The worker cancelled the attempt's task: past an operator cancel's grace (``cancelled``),
+    # or by a second stop signal during a drain (``forced``: the row is handed back).
+    cancelled: bool = False
+    forced: bool = False
 
 
 def _ms(value: Duration, name: str) -> int:
@@ -143,6 +156,12 @@ class Worker:
         build: the app's build or version string shown in the worker registry.
         metrics: where to record outcomes, durations, lost leases and queue gauges.
         metrics_interval: how often the queue gauges are refreshed from the driver (``"15s"``).
+        cancel_grace: how long an async body may go on after an operator cancelled its job
+            before its task is cancelled (``"5s"``); a sync body cannot be stopped and is logged
+            ``jobs.cancel.still-running`` once.
+        stuck_after: how long a running attempt may go without step progress (a step write or
+            a ``ctx.progress`` report) before ``jobs.attempt.stuck`` is logged once; default 10
+            times the visibility timeout.
 
     Raises:
         JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` for a bad option (named).
@@ -166,6 +185,8 @@ class Worker:
         build: str = "",
         metrics: JobsMetrics | None = None,
         metrics_interval: Duration = "15s",
+        cancel_grace: Duration = "5s",
+        stuck_after: Duration | None = None,
     ) -> None:
         """Validate the options; nothing runs until :meth:`run`."""
         if (
@@ -197,6 +218,12 @@ class Worker:
         self.build = build
         self.metrics = metrics
         self.metrics_interval_ms = _ms(metrics_interval, "metrics_interval")
+        self.cancel_grace_ms = _ms(cancel_grace, "cancel_grace")
+        self.stuck_after_ms = (
+            self.visibility_timeout_ms * 10
+            if stuck_after is None
+            else _ms(stuck_after, "stuck_after")
+        )
         self._started_at: datetime | None = None
         self._draining_at: datetime | None = None
         self._abandoned = False
@@ -212,6 +239,9 @@ class Worker:
         self._stopping = False
         self._claiming = False
         self._drained = asyncio.Event()
+        # A drain was asked for; a second stop signal during it (``_forced``) ends it at once.
+        self._drain_requested = False
+        self._forced = asyncio.Event()
         self._finished = asyncio.Event()
         self._env: AttemptEnv | None = None
         # Every attempt's task runs in a copy of this: the driver and home loop bound once.
@@ -280,14 +310,24 @@ class Worker:
             )
 
     def install_signal_handlers(self) -> None:
-        """Drain on SIGTERM and SIGINT (call from the thread running the loop)."""
+        """Drain on SIGTERM and SIGINT; a second one during the drain ends it at once.
+
+        Call from the thread running the loop.
+        """
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_drain)
 
     def request_drain(self) -> None:
-        """Start a drain from a signal handler or callback; :meth:`run` returns when it ends."""
-        if not self._stopping:
+        """Start a drain from a signal handler or callback; :meth:`run` returns when it ends.
+
+        Called again while the drain runs, it ends the drain at once: the attempts still running
+        are cancelled and handed back, their attempt not spent, where the driver answers.
+        """
+        if self._drain_requested:
+            self._forced.set()
+        elif not self._stopping:
+            self._drain_requested = True
             asyncio.get_running_loop().create_task(self.drain())
 
     async def run(self) -> None:
@@ -501,7 +541,8 @@ class Worker:
 
     def _hold(self, job: ClaimedJob) -> _Held:
         """Count a claimed row in its queue's slots (its body starts with :meth:`_begin`)."""
-        held = _Held(Attempt(job), last_landed=self.clock.monotonic())
+        now = self.clock.monotonic()
+        held = _Held(Attempt(job), last_landed=now, started=now, progressed=now)
         held.attempt.body_over = functools.partial(self._acking_now, held)
         key = (job.id, job.claim)
         if key not in self._held:
@@ -554,6 +595,14 @@ class Worker:
                 traced(outcome)
         except SettleAbandonedError:
             outcome = "lost"  # logged jobs.settle.abandoned; the lease lapses, the row re-runs
+        except asyncio.CancelledError:
+            if not (held.cancelled or held.forced):
+                raise
+            # This worker cancelled the task itself; the cancel ends here, not in the loop.
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            outcome = "cancelled" if held.cancelled else await self._forced_back(job)
         except Exception as exc:
             _log.error(
                 "jobs.attempt.crashed",
@@ -577,6 +626,18 @@ class Worker:
             if self.metrics is not None:
                 self.metrics.attempt(job.queue, job.name, outcome, self.clock.monotonic() - started)
             self._wake.set()
+        if outcome == "cancelled":
+            _log.info(
+                "jobs.attempt.cancelled",
+                extra={
+                    "event": "jobs.attempt.cancelled",
+                    "job": job.name,
+                    "job_id": str(job.id),
+                    "attempt": job.attempt,
+                    # Whether the body ignored the cancel and its task was cancelled.
+                    "task_cancelled": held.cancelled,
+                },
+            )
         if not _log.isEnabledFor(logging.INFO):
             return
         error = held.attempt.error
@@ -606,6 +667,15 @@ class Worker:
             return 0.0
         return held.last_landed + self.visibility_timeout_ms / 1000 - self.clock.monotonic()
 
+    async def _forced_back(self, job: ClaimedJob) -> Outcome:
+        """Hand back a row whose attempt a forced drain cancelled; answer the outcome."""
+        try:
+            back = await hand_back(self.driver, job, delay_ms=0)
+        except Exception:
+            # The lease lapses instead (the attempt is then counted by the next claim).
+            return "lost"
+        return "interrupted" if back == "deferred" else back
+
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_ms / 1000)
@@ -613,7 +683,43 @@ class Worker:
             if held:
                 # return_exceptions: one failing renewal must not end every later heartbeat.
                 await asyncio.gather(*(self._beat(h) for h in held), return_exceptions=True)
+            self._watch_running(held)
             await self._register()
+
+    def _watch_running(self, held: list[_Held]) -> None:
+        """Publish the oldest running attempt's age per queue; warn once for a stuck one.
+
+        An attempt is stuck once ``stuck_after`` passed without a step write or a progress
+        report (the run may hold the only slot of its job for hours).
+        """
+        now = self.clock.monotonic()
+        oldest = dict.fromkeys(self.queues, 0.0)
+        for one in held:
+            if one.settled or one.acking:
+                continue
+            attempt = one.attempt
+            job = attempt.job
+            oldest[job.queue] = max(oldest.get(job.queue, 0.0), now - one.started)
+            mark = (0 if attempt.runner is None else attempt.runner.writes, attempt.reports)
+            if mark != one.mark:
+                one.mark, one.progressed = mark, now
+            idle = now - one.progressed
+            if not one.stuck and idle * 1000 >= self.stuck_after_ms:
+                one.stuck = True
+                _log.warning(
+                    "jobs.attempt.stuck",
+                    extra={
+                        "event": "jobs.attempt.stuck",
+                        "job": job.name,
+                        "job_id": str(job.id),
+                        "queue": job.queue,
+                        "attempt": job.attempt,
+                        "running_s": round(now - one.started, 3),
+                        "idle_s": round(idle, 3),
+                    },
+                )
+        if self.metrics is not None:
+            self.metrics.running_ages(self, oldest)
 
     async def _register(self) -> None:
         """Insert or refresh this worker's registry row (where the driver keeps one)."""
@@ -678,11 +784,13 @@ class Worker:
             return
         try:
             landed = await self.driver.heartbeat(job.id, job.fence, self.visibility_timeout_ms)
-            if landed:
-                slot = held.attempt.slot
-                leases = capability(self.driver, "leases")
-                if slot is not None and leases is not None:
-                    await leases.renew(slot)
+            slot = held.attempt.slot
+            leases = capability(self.driver, "leases")
+            if landed and slot is not None and leases is not None and not held.attempt.slot_lost:
+                # False: another holder has the slot (ours expired), so this body must stop.
+                kept = await leases.renew(slot)
+                if not kept:
+                    self._lose_slot(held)
         except Exception as exc:
             _log.warning(
                 "jobs.heartbeat.failed",
@@ -711,12 +819,37 @@ class Worker:
                 return JobCancelledError(row.last_error or "cancelled by an operator")
         return LeaseLostError(f"the claim on {job.name} is held by someone else")
 
+    def _lose_slot(self, held: _Held) -> None:
+        """Stop an attempt whose fleet concurrency slot another holder took.
+
+        The claim is still this worker's: the body's cancel fires with ``X_JOB_SLOT_LOST``, its
+        step writes are refused, and when it unwinds the row is handed back, not counted.
+        """
+        if held.settled or held.attempt.settled or held.attempt.lost:
+            return
+        attempt = held.attempt
+        attempt.slot_lost = True
+        slot = attempt.slot
+        key = "" if slot is None else slot.key
+        attempt.stop(
+            SlotLostError(f"another holder took the slot of {key!r}", key=key), abort_writes=True
+        )
+        job = attempt.job
+        _log.error(
+            "jobs.slot.lost",
+            extra={"event": "jobs.slot.lost", "job": job.name, "job_id": str(job.id), "key": key},
+        )
+
     def _lose(self, held: _Held, reason: JobsError) -> None:
         if held.settled or held.attempt.lost:
             return
         held.attempt.lost = True
         held.attempt.stop(reason, abort_writes=True)
         job = held.attempt.job
+        if isinstance(reason, JobCancelledError):
+            asyncio.get_running_loop().call_later(
+                self.cancel_grace_ms / 1000, self._past_grace, held
+            )
         if isinstance(reason, LeaseLostError):
             self._leases_lost[job.queue] += 1
             if self.metrics is not None:
@@ -725,6 +858,31 @@ class Worker:
                 "jobs.lease.lost",
                 extra={"event": "jobs.lease.lost", "job": job.name, "job_id": str(job.id)},
             )
+
+    def _past_grace(self, held: _Held) -> None:
+        """Cancel the task of a cancelled job's async body that is still running.
+
+        A sync body's thread cannot be stopped: it is logged once and runs on (its step writes
+        and its settle are refused, so it cannot change the row).
+        """
+        task = held.task
+        if held.settled or task is None or task.done():
+            return
+        job = held.attempt.job
+        handle = self.registry.get(job.name)
+        if handle is not None and not handle.is_async:
+            _log.warning(
+                "jobs.cancel.still-running",
+                extra={
+                    "event": "jobs.cancel.still-running",
+                    "job": job.name,
+                    "job_id": str(job.id),
+                    "grace_ms": self.cancel_grace_ms,
+                },
+            )
+            return
+        held.cancelled = True
+        task.cancel()
 
     async def stop(self) -> None:
         """Stop claiming and wait until :meth:`run` returned (cancels nothing)."""
@@ -744,6 +902,7 @@ class Worker:
         if self._stopping:
             return
         self._stopping = True
+        self._drain_requested = True
         if self._env is not None:
             self._env.draining = True
         self._draining_at = self.clock.now()
@@ -755,7 +914,9 @@ class Worker:
         await self._register()
         await self._refresh_metrics()
         if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=self.drain_timeout_ms / 1000)
+            pending = await self._drain_wait(tasks)
+            if pending and self._forced.is_set():
+                pending = await self._force(pending)
             if pending:
                 self._abandoned = True
                 _log.error(
@@ -770,3 +931,46 @@ class Worker:
                 if close_driver:
                     await self.driver.close()
         self._drained.set()
+
+    async def _drain_wait(self, tasks: list[asyncio.Task[None]]) -> set[asyncio.Task[Any]]:
+        """Wait for ``tasks`` up to ``drain_timeout``, or until a second stop signal."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_timeout_ms / 1000
+        pending: set[asyncio.Task[Any]] = set(tasks)
+        signalled = loop.create_task(self._forced.wait())
+        try:
+            while pending and not self._forced.is_set():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                _, pending = await asyncio.wait(
+                    {*pending, signalled}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+                pending.discard(signalled)
+        finally:
+            signalled.cancel()
+        return pending
+
+    async def _force(self, pending: set[asyncio.Task[Any]]) -> set[asyncio.Task[Any]]:
+        """End a drain at once: cancel the running attempts and hand their rows back.
+
+        Each row is handed back due now with its attempt not spent (a sync body's thread runs
+        on, its step writes refused). Answers the tasks that did not end within a heartbeat or
+        2 s, whichever is shorter (their leases lapse).
+        """
+        running = [h for h in self._held.values() if h.task in pending]
+        _log.warning(
+            "jobs.worker.drain-forced",
+            extra={
+                "event": "jobs.worker.drain-forced",
+                "interrupted": [str(h.attempt.job.id) for h in running],
+            },
+        )
+        for held in running:
+            held.forced = True
+            held.attempt.stop(DrainingError("the worker was stopped"), abort_writes=True)
+            assert held.task is not None
+            held.task.cancel()
+        # Hand-backs are one round trip each; a driver that does not answer gets 2 s at most.
+        _, left = await asyncio.wait(pending, timeout=min(self.heartbeat_ms, 2_000) / 1000)
+        return left

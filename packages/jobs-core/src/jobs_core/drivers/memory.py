@@ -72,6 +72,7 @@ from jobs_core.errors import (
     JobNotRemovableError,
     JobNotRequeueableError,
     JobPageInvalidError,
+    MaxAttemptsError,
     StepNotResolvableError,
 )
 from jobs_core.ids import new_id
@@ -832,6 +833,8 @@ class MemoryIntrospector:
     async def cancel(self, job_id: UUID, reason: str) -> JobInfo:
         """Cancel a live job: it is ``cancelled`` now and frees its idempotency key.
 
+        A running row's attempt is counted (it ran; ``jobsctl ls`` shows ``1/3``, not ``0/3``).
+
         A running row's next ack, nack, heartbeat, progress or step write answers ``False``, so
         the worker fires the body's cancel signal. ``last_error`` becomes ``reason`` and
         ``last_error_code`` ``X_JOB_CANCELLED``.
@@ -858,6 +861,9 @@ class MemoryIntrospector:
             row.last_error = reason
             row.last_error_code = JobCancelledError.code
             row.last_error_stack = None
+            if row.state is JobState.RUNNING:
+                # The attempt the cancel stopped ran: it is spent, as a settle would count it.
+                row.attempts += 1
             self._m.finish(row, JobState.CANCELLED, now)
             return self._m.info(row, with_steps=True)
 
@@ -2100,7 +2106,7 @@ class MemoryDriver:
                         dropped = row.name in req.drop_exhausted
                         state = JobState.FAILED if dropped else JobState.DEAD
                         row.last_error = LEASE_LAPSED_FINAL_ATTEMPT
-                        row.last_error_code = None
+                        row.last_error_code = MaxAttemptsError.code
                         row.last_error_stack = None
                         m.finish(row, state, now)
                         buried.append(BuriedJob(row.id, row.name, row.queue, state))

@@ -181,7 +181,8 @@ buried AS (
     SET state = CASE WHEN j.name = ANY(%(drop)s::text[]) THEN 'failed' ELSE 'dead' END,
         attempts = j.attempts + 1,
         last_error = %(reason)s,
-        last_error_code = NULL,
+        -- Its attempts ran out (jobs_core.errors.MaxAttemptsError's code).
+        last_error_code = 'X_JOB_MAX_ATTEMPTS',
         last_error_stack = NULL,
         updated_at = {now}
     FROM ranked r
@@ -415,10 +416,12 @@ ORDER BY j.created_at, j.id
 LIMIT %(limit)s
 
 -- name: cancel
--- Cancels a live row; a running one's next fenced write finds it cancelled.
+-- Cancels a live row; a running one's next fenced write finds it cancelled, and the attempt
+-- it was on is counted (it ran).
 UPDATE {schema}.jobs
 SET state = 'cancelled', last_error = %(reason)s, last_error_code = %(code)s,
-    last_error_stack = NULL, updated_at = {now}
+    last_error_stack = NULL, updated_at = {now},
+    attempts = attempts + CASE WHEN state = 'running' THEN 1 ELSE 0 END
 WHERE id = %(id)s AND state IN ('ready', 'delayed', 'running', 'suspended')
 RETURNING 1
 

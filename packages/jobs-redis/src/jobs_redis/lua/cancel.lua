@@ -10,7 +10,7 @@
 -- Reply:   "ok"; "missing" when no row has the id; else the finished row's state.
 --
 -- A running row's next heartbeat, settle or step write fails its fence, so the worker fires the
--- body's cancel signal.
+-- body's cancel signal; the attempt it was on is counted (it ran).
 
 local jk = KEYS[1]
 local base = ARGV[1]
@@ -26,6 +26,7 @@ redis.call('ZREM', qk .. ':' .. src, row[3])
 local xm = row[6] .. ':' .. row[5]
 redis.call('ZREM', base .. 'x:' .. row[2] .. ':' .. state, xm)
 redis.call('ZADD', base .. 'x:' .. row[2] .. ':cancelled', 0, xm)
+if state == 'running' then redis.call('HINCRBY', jk, 'att', 1) end
 redis.call('HSET', jk, 'state', 'cancelled', 'updated', now_s, 'err', ARGV[2], 'errc', ARGV[3],
   'errs', '')
 redis.call('HINCRBY', qk .. ':f', 'cancelled', 1)

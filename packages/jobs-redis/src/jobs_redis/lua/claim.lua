@@ -82,7 +82,7 @@ for _, c in ipairs(cands) do
     local state = 'dead'
     if drop[name] then state = 'failed' end
     redis.call('HSET', jk, 'state', state, 'updated', now_s,
-      'err', '=LEASE_LAPSED_FINAL_ATTEMPT', 'errc', '', 'errs', '')
+      'err', '=LEASE_LAPSED_FINAL_ATTEMPT', 'errc', '=X_JOB_MAX_ATTEMPTS', 'errs', '')
     redis.call('HINCRBY', qk .. ':f', state, 1)
     redis.call('ZREM', base .. 'x:' .. queue .. ':' .. was[1], xm)
     redis.call('ZADD', base .. 'x:' .. queue .. ':' .. state, 0, xm)
