@@ -38,10 +38,12 @@ from jobs_core.types import (
     NackOptions,
     StepRecord,
     StepWrite,
+    TaskFire,
     WorkerInfo,
 )
 
 JOBS = [sys.executable, "-m", "jobs_core.cli"]
+T_FIRE = datetime(2030, 1, 1, 3, tzinfo=UTC)
 
 
 class Order(BaseModel):
@@ -408,6 +410,17 @@ def test_tasks_ls_pause_resume(mem: MemoryDriver) -> None:
     assert as_json(invoke(mem, "tasks", "--json", "ls")) == listed
     assert as_json(invoke(mem, "tasks", "--json", "resume", "nightly")) == {"paused": []}
     assert "paused" not in invoke(mem, "tasks").stdout
+
+
+def test_tasks_shows_the_schedule_from_the_store_without_the_app(mem: MemoryDriver) -> None:
+    fire = TaskFire("reports.nightly", T_FIRE, None, (), cron="0 3 * * *", tz="Europe/Paris")
+    assert run(mem, mem.scheduler_state.fire(fire)) == []
+
+    [listed] = as_json(invoke(mem, "tasks", "--json"))
+    assert (listed["cron"], listed["tz"]) == ("0 3 * * *", "Europe/Paris")
+    table = invoke(mem, "tasks", "ls")
+    assert table.exit_code == 0, table.output
+    assert "0 3 * * * Europe/Paris" in table.stdout
 
 
 def test_resolve_step_records_an_unknown_once_step(mem: MemoryDriver) -> None:

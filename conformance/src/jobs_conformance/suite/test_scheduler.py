@@ -69,6 +69,23 @@ async def test_a_first_fire_lands_its_jobs_and_its_watermark_together(target: Ta
     assert record.fired_at.utcoffset() == timedelta(0)
 
 
+async def test_a_fire_record_keeps_the_schedule_it_was_made_under(target: Target) -> None:
+    """The cron and zone a fire names come back with its record; a fire naming none has none.
+
+    ``jobsctl tasks`` reads them to show a task's schedule without the app's code.
+    """
+    state = _state(target)
+    await state.fire(TaskFire("nightly", T1, None, (), cron="0 3 * * *", tz="Europe/Paris"))
+    await state.fire(TaskFire("by-hand", T1, None, ()))
+
+    records = {r.task: r for r in await state.task_fires()}
+    assert (records["nightly"].cron, records["nightly"].tz) == ("0 3 * * *", "Europe/Paris")
+    assert (records["by-hand"].cron, records["by-hand"].tz) == (None, None)
+    await state.fire(TaskFire("nightly", T2, T1, (), cron="*/5 * * * *", tz="UTC"))
+    [moved] = [r for r in await state.task_fires() if r.task == "nightly"]
+    assert (moved.cron, moved.tz) == ("*/5 * * * *", "UTC")
+
+
 async def test_a_fire_against_a_moved_watermark_writes_nothing(target: Target) -> None:
     """A fire whose expected watermark is stale answers ``None`` and enqueues nothing."""
     state = _state(target)

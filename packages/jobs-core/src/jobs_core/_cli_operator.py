@@ -42,9 +42,9 @@ from jobs_core._current import install_driver
 from jobs_core.cli import _exit_with, _import_apps, _open, _stderr
 from jobs_core.driver import JobDriver
 from jobs_core.errors import JobNotFoundError, JobsError
-from jobs_core.introspect import JobQuery, JobView, as_json
+from jobs_core.introspect import JobQuery, JobView, TaskOverview, as_json
 from jobs_core.job import REGISTRY
-from jobs_core.task import TASK_REGISTRY
+from jobs_core.task import TASK_REGISTRY, TaskHandle
 from jobs_core.types import BulkResult, JobInfo, JobPage, JobState, StepRecord
 
 T = TypeVar("T")
@@ -932,6 +932,18 @@ def _manifest_cells(entry: dict[str, Any]) -> tuple[str, str]:
     return escape(entry["value"]), escape(entry["distribution"] or "")
 
 
+def _schedule(
+    handle: TaskHandle | None, state: TaskOverview | None
+) -> tuple[str | None, str | None]:
+    """Answer a task's cron and zone: as ``--app`` declares it, else as its last fire kept it."""
+    if handle is not None:
+        return handle.cron, handle.tz
+    fire = None if state is None else state.last_fire
+    if fire is None:
+        return None, None
+    return fire.cron, fire.tz
+
+
 def _list_tasks(
     session: _Session, url: str | None, apps: list[str] | None, as_json_output: bool
 ) -> None:
@@ -943,12 +955,12 @@ def _list_tasks(
         rows = []
         for name in names:
             state = known.get(name)
-            handle = declared.get(name)
+            cron, tz = _schedule(declared.get(name), state)
             rows.append(
                 {
                     "task": name,
-                    "cron": None if handle is None else handle.cron,
-                    "tz": None if handle is None else handle.tz,
+                    "cron": cron,
+                    "tz": tz,
                     "watermark": None if state is None else as_json(state.watermark),
                     "last_fire": None if state is None else as_json(state.last_fire),
                     "paused": state is not None and state.paused,
@@ -965,10 +977,10 @@ def _list_tasks(
         table.add_column(column)
     for name in names:
         state = known.get(name)
-        handle = declared.get(name)
+        cron, tz = _schedule(declared.get(name), state)
         table.add_row(
             escape(name),
-            "" if handle is None else f"{handle.cron} {handle.tz}",
+            "" if cron is None else escape(f"{cron} {tz or ''}".strip()),
             "" if state is None else _when(state.watermark),
             "" if state is None or state.last_fire is None else _when(state.last_fire.fired_at),
             "paused" if state is not None and state.paused else "",

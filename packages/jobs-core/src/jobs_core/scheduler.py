@@ -529,6 +529,8 @@ class Scheduler:
                     expected=track.watermark,
                     requests=requests,
                     watermark=None if watermark == occurrence else watermark,
+                    cron=track.task.cron,
+                    tz=track.task.tz,
                 )
             )
         except Exception as exc:

@@ -614,6 +614,9 @@ class TaskFire:
             ``None`` means ``occurrence``. ``run-once`` catch-up fires the earliest missed
             occurrence and moves the watermark past the latest missed one in this same write, so
             a crash cannot separate the two and fire the backlog again.
+        cron: the task's cron expression as declared, kept with the fire record so an operator
+            listing tasks without the app's code sees the schedule (``None``: not told).
+        tz: the task's IANA time zone, likewise.
     """
 
     task: str
@@ -621,6 +624,8 @@ class TaskFire:
     expected: datetime | None
     requests: tuple[EnqueueRequest, ...]
     watermark: datetime | None = None
+    cron: str | None = None
+    tz: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -634,6 +639,9 @@ class TaskFireRecord:
             ``run-once`` catch-up).
         fired_at: when the fire landed, on the store's clock (UTC).
         job_ids: the ids its enqueues answered, in entry order (deduped ones included).
+        cron: the cron expression the fire was made under (``None`` when the fire did not say:
+            a store written before it kept them, or a fire made by hand).
+        tz: the IANA time zone the fire was made under, likewise.
     """
 
     task: str
@@ -641,6 +649,8 @@ class TaskFireRecord:
     watermark: datetime
     fired_at: datetime
     job_ids: tuple[UUID, ...]
+    cron: str | None = None
+    tz: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -756,6 +756,8 @@ class PgSchedulerState:
                     "occurrence": occurrence,
                     "watermark": watermark,
                     "job_ids": [result.id for result in results],
+                    "cron": fire.cron,
+                    "tz": fire.tz,
                 },
                 conn,
             )
@@ -793,6 +795,8 @@ class PgSchedulerState:
                 watermark=utc(row[2]),
                 fired_at=utc(row[3]),
                 job_ids=tuple(row[4]),
+                cron=row[5],
+                tz=row[6],
             )
             for row in await self._db.rows("task_fires", {})
         ]

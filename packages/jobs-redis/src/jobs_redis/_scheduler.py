@@ -123,6 +123,8 @@ class RedisSchedulerState:
                 _expected(fire.expected),
                 watermark,
                 occurrence,
+                fire.cron or "",
+                fire.tz or "",
             ],
         )
         if reply and reply[0] == "moved":
@@ -171,6 +173,8 @@ class RedisSchedulerState:
                     watermark=from_us(raw["watermark"]),
                     fired_at=from_us(raw["fired_at"]),
                     job_ids=tuple(UUID(i) for i in ids),
+                    cron=raw.get("cron") or None,
+                    tz=raw.get("tz") or None,
                 )
             )
         return out

@@ -1582,6 +1582,8 @@ class MemorySchedulerState:
                 watermark=watermark,
                 fired_at=now,
                 job_ids=tuple(result.id for result in results),
+                cron=fire.cron,
+                tz=fire.tz,
             )
         self._m.notify(woken)
         return results

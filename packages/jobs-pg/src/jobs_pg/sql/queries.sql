@@ -815,15 +815,17 @@ SELECT EXISTS (SELECT 1 FROM moved) OR EXISTS (SELECT 1 FROM created)
 
 -- name: task_fire_record
 -- Runs in the fire's transaction, after the watermark moved and the jobs were enqueued.
-INSERT INTO {schema}.task_fires AS f (task, occurrence, watermark, fired_at, job_ids)
-VALUES (%(task)s, %(occurrence)s, %(watermark)s, {now}, %(job_ids)s::uuid[])
+INSERT INTO {schema}.task_fires AS f (task, occurrence, watermark, fired_at, job_ids, cron, tz)
+VALUES (%(task)s, %(occurrence)s, %(watermark)s, {now}, %(job_ids)s::uuid[], %(cron)s, %(tz)s)
 ON CONFLICT (task) DO UPDATE
 SET occurrence = EXCLUDED.occurrence, watermark = EXCLUDED.watermark,
-    fired_at = EXCLUDED.fired_at, job_ids = EXCLUDED.job_ids
+    fired_at = EXCLUDED.fired_at, job_ids = EXCLUDED.job_ids, cron = EXCLUDED.cron,
+    tz = EXCLUDED.tz
 RETURNING fired_at
 
 -- name: task_fires
-SELECT task, occurrence, watermark, fired_at, job_ids FROM {schema}.task_fires ORDER BY task
+SELECT task, occurrence, watermark, fired_at, job_ids, cron, tz
+FROM {schema}.task_fires ORDER BY task
 
 -- name: pause_task
 INSERT INTO {schema}.paused_tasks (task, paused_at) VALUES (%(task)s, {now})

@@ -11,8 +11,9 @@
 --          tenant (optional), max_attempts, run_at (µs since the epoch, "" for none), delay_ms,
 --          traceparent (optional), enqueued_by (optional), live-key field.
 --          An optional value is "" for None, else "=" followed by the text.
---          Then, for a cron fire only (SchedulerState.fire), 4 more: the task, the watermark the
---          fire expects (µs, "" for none), the watermark it leaves (µs) and the occurrence (µs).
+--          Then, for a cron fire only (SchedulerState.fire), 6 more: the task, the watermark the
+--          fire expects (µs, "" for none), the watermark it leaves (µs), the occurrence (µs), and
+--          the task's cron expression and time zone ("" when not told).
 -- Reply:   3 values per row, in input order: id, run_id, 1 when deduped else 0; or, writing
 --          nothing, { "run-id-taken", position (1-based), the holding job's id }; for a fire
 --          whose expected watermark is not the stored one, writing nothing, { "moved" }.
@@ -129,7 +130,7 @@ if task then
   redis.call('HSET', base .. 'wm', task, ARGV[fire_at + 2])
   redis.call('HSET', base .. 'fires', task, cjson.encode({
     occurrence = ARGV[fire_at + 3], watermark = ARGV[fire_at + 2], fired_at = now_s,
-    job_ids = ids }))
+    job_ids = ids, cron = ARGV[fire_at + 4], tz = ARGV[fire_at + 5] }))
 end
 for queue in pairs(woken) do
   redis.call('PUBLISH', base .. 'wake', queue)
