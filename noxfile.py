@@ -39,6 +39,7 @@ PINS = {
     "sqlalchemy": "sqlalchemy[asyncio]==2.1.9",
     "django": "django==5.2.19",
     "flask": "flask==3.1.3",
+    "django-stubs": "django-stubs==6.1.2",
 }
 
 CORE = "packages/jobs-core"
@@ -109,7 +110,7 @@ def typecheck(session: nox.Session) -> None:
         PINS["opentelemetry-api"],
     )
     session.install("-e", REDIS, PINS["redis"], PINS["hiredis"])
-    session.install("-e", PG, *PG_FRAMEWORKS)
+    session.install("-e", PG, *PG_FRAMEWORKS, PINS["django-stubs"])
     session.install("-e", WEBHOOKS)
     session.install("-e", IMPORT_EXPORT)
     session.install("-e", DASHBOARD)

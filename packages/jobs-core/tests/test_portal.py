@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from jobs_core import JobRegistry, install_driver, job, portal, use_driver
 from jobs_core._current import run_sync
 from jobs_core.drivers.memory import MemoryDriver
-from jobs_core.errors import SyncCallInLoopError
+from jobs_core.errors import DriverUnavailableError, SyncCallInLoopError
 from jobs_core.types import EnqueueResult
 
 
@@ -189,3 +189,39 @@ def test_shutdown_closes_the_installed_driver_whose_home_is_the_portal(
     installed.close = close  # type: ignore[method-assign]
     portal.shutdown()
     assert closed == [True]
+
+
+async def test_the_lifespan_installs_the_driver_on_the_apps_loop_and_closes_it(
+    registry: JobRegistry,
+) -> None:
+    """What a FastAPI app gets: async routes and thread-pool sync routes share its loop's pool."""
+    from jobs_core.lifespan import jobs_lifespan
+
+    mem = ThreadRecordingDriver()
+    closed: list[bool] = []
+    original = mem.close
+
+    async def close() -> None:
+        closed.append(True)
+        await original()
+
+    mem.close = close  # type: ignore[method-assign]
+    handle = note_job(registry)
+    here = threading.current_thread().name
+    async with jobs_lifespan(driver=mem)(object()):
+        await handle.enqueue(Note(n=1))
+        await asyncio.to_thread(handle.enqueue_sync, Note(n=2))
+        assert mem.live_count() == 2
+    assert mem.threads == [here, here]
+    assert closed == [True]
+    with pytest.raises(DriverUnavailableError):
+        await handle.enqueue(Note(n=3))
+
+
+def test_the_lifespan_takes_exactly_one_of_url_and_driver() -> None:
+    from jobs_core.lifespan import jobs_lifespan
+
+    with pytest.raises(ValueError, match="exactly one"):
+        jobs_lifespan()
+    with pytest.raises(ValueError, match="exactly one"):
+        jobs_lifespan("memory://", driver=MemoryDriver())
