@@ -48,7 +48,7 @@ def item_job(
 
 @asynccontextmanager
 async def worker_on(target: Target, registry: JobRegistry, **options: Any) -> AsyncIterator[Worker]:
-    """Run a worker with a short lease (heartbeat every 100 ms) for the ``async with`` body.
+    """Run a worker (by default a 300 ms lease, renewed every 100 ms) for the ``async with`` body.
 
     It is drained at the end (a body still running is cancelled and the drain ends within 2 s),
     so a failing check never leaves the test waiting on a body forever.
