@@ -258,8 +258,8 @@ async def _run(
 ) -> Outcome:
     job = attempt.job
     fence = job.fence  # a property that builds a Fence per read
-    records = await env.driver.steps.load(job.run_id)
     steps = env.driver.steps
+    records = await steps.load(job.run_id)
     runner = StepRunner(
         store=steps if env.settle_retry is None else env.settle_retry.steps(steps, job),
         job_id=job.id,
