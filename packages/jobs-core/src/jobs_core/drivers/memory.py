@@ -1946,8 +1946,9 @@ class MemoryDriver:
         included) answers that row with ``deduped=True``; else a row is inserted. Its ``run_at``
         is ``req.run_at``, or now plus ``req.delay_ms`` (a negative delay counts as 0); a past
         instant is stored as now, so the row is due at once, behind the rows already due. It is
-        ``delayed`` when ``run_at`` is in the future, else ``ready`` (and wake subscribers hear its
-        queue).
+        ``delayed`` when ``run_at`` is in the future, else ``ready``; wake subscribers hear the
+        queue of a ``ready`` row, and of a ``delayed`` one that comes before every other pending
+        instant of its queue.
 
         Returns:
             One result per request, in input order.
