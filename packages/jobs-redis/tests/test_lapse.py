@@ -41,6 +41,7 @@ def held(n: int, hold_ms: int) -> EnqueueRequest:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUNS * 60)
 async def test_a_worker_killed_inside_a_two_second_lease_is_always_replaced(
     redis_url: str, prefix: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
