@@ -69,7 +69,7 @@ DECLARED_TABLES = {
     "scheduler_state": ("task text!, watermark timestamptz!, updated_at timestamptz!"),
     "task_fires": (
         "task text!, occurrence timestamptz!, watermark timestamptz!, fired_at timestamptz!,"
-        "job_ids _uuid!"
+        "job_ids _uuid!, cron text, tz text"
     ),
     "wake_slots": ("queue text!, slot int8!, armed bool!"),
     "workers": (
