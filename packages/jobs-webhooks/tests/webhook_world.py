@@ -68,3 +68,11 @@ async def deliver(
     await run_jobs(driver, registry=registry, **run)
     await hook.aclose()
     return await driver.introspect.get(result.id)
+
+
+def ran_out(row: Any, code: str) -> bool:
+    """Whether ``row`` was buried for running out of attempts, the last one failing with ``code``.
+
+    An exhausted row carries ``X_JOB_MAX_ATTEMPTS``; the last attempt's own code is in its text.
+    """
+    return bool(row.last_error_code == "X_JOB_MAX_ATTEMPTS" and code in (row.last_error or ""))
