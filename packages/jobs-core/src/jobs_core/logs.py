@@ -170,16 +170,11 @@ class LineHandler(logging.Handler):
         """
         now = time.time()
         msecs = int((now - int(now)) * 1000)
+        line = self._json_line if self.format_name is LogFormat.JSON else self._text_line
         try:
-            if self.format_name is LogFormat.JSON:
-                line = self._json_line(
-                    now, msecs, level, logger, event, event, fields.items(), None
-                )
-            else:
-                line = self._text_line(
-                    now, msecs, level, logger, event, event, fields.items(), None
-                )
-            self._write(line + "\n", level)
+            self._write(
+                line(now, msecs, level, logger, event, event, fields.items(), None) + "\n", level
+            )
         except Exception:
             self.handleError(_event_record(level, logger, event, fields))
 
@@ -240,13 +235,9 @@ class LineHandler(logging.Handler):
 
     def render(self, record: logging.LogRecord) -> str:
         """Answer the line for ``record`` (without its newline)."""
-        if self.format_name is LogFormat.JSON:
-            return self._json(record)
-        return self._text(record)
-
-    def _text(self, record: logging.LogRecord) -> str:
+        line = self._json_line if self.format_name is LogFormat.JSON else self._text_line
         attributes = record.__dict__
-        return self._text_line(
+        return line(
             record.created,
             int(record.msecs),
             record.levelno,
@@ -300,19 +291,6 @@ class LineHandler(logging.Handler):
         if exc_info is not None and exc_info[0] is not None:
             line += "\n" + "".join(traceback.format_exception(*exc_info)).rstrip()
         return line
-
-    def _json(self, record: logging.LogRecord) -> str:
-        attributes = record.__dict__
-        return self._json_line(
-            record.created,
-            int(record.msecs),
-            record.levelno,
-            record.name,
-            attributes.get("event"),
-            _message(record),
-            islice(attributes.items(), _BASE_ATTRIBUTES, None),
-            record.exc_info,
-        )
 
     def _json_line(
         self,
