@@ -154,6 +154,37 @@ def check_run_ids(reqs: Sequence[EnqueueRequest]) -> None:
             raise run_id_taken(req, owner)
 
 
+def check_task_name(task: str) -> str:
+    """Answer ``task`` if it is a usable task name: every ``SchedulerState`` call checks it.
+
+    Raises:
+        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a name that is not
+            non-empty text.
+    """
+    if not isinstance(task, str) or not task:
+        raise DriverRequestInvalidError("a task name must be non-empty text", task=repr(task))
+    return task
+
+
+def check_watermark_forward(
+    task: str, expected: datetime | None, moved: datetime, what: str
+) -> None:
+    """Refuse a watermark move to ``moved`` that is not after ``expected`` (never backwards).
+
+    Every ``SchedulerState.fire`` and ``advance`` calls it with timezone-aware instants.
+
+    Raises:
+        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` naming the task and both
+            instants.
+    """
+    if expected is not None and moved <= expected:
+        raise DriverRequestInvalidError(
+            f"task {task!r}: {what} {moved.isoformat()} is not after the watermark "
+            f"{expected.isoformat()} it expects; a watermark never moves backwards",
+            task=task,
+        )
+
+
 def run_id_taken(req: EnqueueRequest, holder: UUID | str) -> JobRunIdTakenError:
     """Answer the refusal of ``req``, whose run id the job ``holder`` holds or held."""
     return JobRunIdTakenError(

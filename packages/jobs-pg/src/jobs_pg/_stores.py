@@ -15,7 +15,14 @@ from uuid import UUID
 
 import psycopg
 
-from jobs_core.driver import EventQuery, LeaseRequest, PublishRequest, StepResolution
+from jobs_core.driver import (
+    EventQuery,
+    LeaseRequest,
+    PublishRequest,
+    StepResolution,
+    check_task_name,
+    check_watermark_forward,
+)
 from jobs_core.errors import (
     DriverRequestInvalidError,
     JobCancelledError,
@@ -675,21 +682,16 @@ def _event(row: Row) -> StoredEvent:
 
 
 def _task_name(task: str) -> str:
-    if not isinstance(task, str) or not task:
-        raise DriverRequestInvalidError("a task name must be non-empty text", task=repr(task))
-    text_value(task, "task")
+    text_value(check_task_name(task), "task")
     return task
 
 
 def _forward(task: str, expected: datetime | None, to: datetime, what: str) -> datetime:
     """Answer ``to`` in UTC, refusing a move that is not past ``expected``."""
     moved = aware(to, what)
-    if expected is not None and moved <= aware(expected, "expected"):
-        raise DriverRequestInvalidError(
-            f"task {task!r}: {what} {moved.isoformat()} is not after the watermark "
-            f"{expected.isoformat()} it expects; a watermark never moves backwards",
-            task=task,
-        )
+    check_watermark_forward(
+        task, None if expected is None else aware(expected, "expected"), moved, what
+    )
     return moved
 
 

@@ -21,7 +21,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from jobs_core.driver import check_run_ids, run_id_taken
+from jobs_core.driver import (
+    check_run_ids,
+    check_task_name,
+    check_watermark_forward,
+    run_id_taken,
+)
 from jobs_core.errors import DriverRequestInvalidError
 from jobs_core.types import EnqueueResult, TaskFire, TaskFireRecord, WorkerInfo
 from jobs_redis._codec import from_us, to_us
@@ -29,13 +34,6 @@ from jobs_redis._records import pairs
 
 if TYPE_CHECKING:
     from jobs_redis._driver import RedisDriver, _Shared
-
-
-def _task_name(task: str) -> str:
-    """Answer ``task`` if it is a usable task name, else raise ``X_DRIVER_REQUEST_INVALID``."""
-    if not isinstance(task, str) or not task:
-        raise DriverRequestInvalidError("a task name must be non-empty text", task=repr(task))
-    return task
 
 
 def _forward(task: str, expected: datetime | None, to: datetime, what: str) -> int:
@@ -46,12 +44,9 @@ def _forward(task: str, expected: datetime | None, to: datetime, what: str) -> i
             that is not forward.
     """
     moved = to_us(to, what)
-    if expected is not None and moved <= to_us(expected, "expected"):
-        raise DriverRequestInvalidError(
-            f"task {task!r}: {what} {to.isoformat()} is not after the watermark "
-            f"{expected.isoformat()} it expects; a watermark never moves backwards",
-            task=task,
-        )
+    if expected is not None:
+        to_us(expected, "expected")  # refuses a naive instant with the field's name
+    check_watermark_forward(task, expected, to, what)
     return moved
 
 
@@ -99,7 +94,7 @@ class RedisSchedulerState:
             JobRunIdTakenError: ``X_JOB_RUN_ID_TAKEN``, writing nothing, as for an enqueue.
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
         """
-        task = _task_name(fire.task)
+        task = check_task_name(fire.task)
         occurrence = _forward(task, fire.expected, fire.occurrence, "occurrence")
         watermark = occurrence if fire.watermark is None else to_us(fire.watermark, "watermark")
         if watermark < occurrence:
@@ -148,7 +143,7 @@ class RedisSchedulerState:
                 naive ``to``, or a ``to`` not after ``expected``.
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
         """
-        name = _task_name(task)
+        name = check_task_name(task)
         moved = _forward(name, expected, to, "to")
         keys = self._s.keys
         args = [keys.base, "advance", name, _expected(expected), moved]
@@ -190,7 +185,7 @@ class RedisSchedulerState:
 
     async def _toggle(self, mode: str, task: str) -> None:
         keys = self._s.keys
-        await self._s.run("scheduler", [keys.base + "wm"], [keys.base, mode, _task_name(task)])
+        await self._s.run("scheduler", [keys.base + "wm"], [keys.base, mode, check_task_name(task)])
 
     async def pause_task(self, task: str) -> None:
         """Stop dispatching ``task`` (its watermark stays where it is; pausing twice is fine).

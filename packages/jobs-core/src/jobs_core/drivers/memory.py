@@ -56,6 +56,8 @@ from jobs_core.driver import (
     StepStore,
     check_enqueue_request,
     check_run_ids,
+    check_task_name,
+    check_watermark_forward,
     run_id_taken,
 )
 from jobs_core.drivers.memory_backfills import MemoryBackfillLedger
@@ -1490,22 +1492,12 @@ class MemoryWakeSource:
         return -((now - first) // timedelta(milliseconds=1))
 
 
-def _task_name(task: str) -> str:
-    """Answer ``task`` if it is a usable task name, else raise ``X_DRIVER_REQUEST_INVALID``."""
-    if not isinstance(task, str) or not task:
-        raise DriverRequestInvalidError("a task name must be non-empty text", task=repr(task))
-    return task
-
-
 def _forward(task: str, expected: datetime | None, to: datetime, what: str) -> datetime:
     """Answer ``to`` in UTC, refusing a move that is not past ``expected`` (never backwards)."""
     moved = _utc(to, what)
-    if expected is not None and moved <= _utc(expected, "expected"):
-        raise DriverRequestInvalidError(
-            f"task {task!r}: {what} {moved.isoformat()} is not after the watermark "
-            f"{expected.isoformat()} it expects; a watermark never moves backwards",
-            task=task,
-        )
+    check_watermark_forward(
+        task, None if expected is None else _utc(expected, "expected"), moved, what
+    )
     return moved
 
 
@@ -1550,7 +1542,7 @@ class MemorySchedulerState:
                 refuses.
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
         """
-        task = _task_name(fire.task)
+        task = check_task_name(fire.task)
         occurrence = _forward(task, fire.expected, fire.occurrence, "occurrence")
         watermark = occurrence if fire.watermark is None else _utc(fire.watermark, "watermark")
         if watermark < occurrence:
@@ -1600,7 +1592,7 @@ class MemorySchedulerState:
                 naive ``to``, or a ``to`` not after ``expected``.
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
         """
-        name = _task_name(task)
+        name = check_task_name(task)
         moved = _forward(name, expected, to, "to")
         with self._m.lock:
             self._m.now()
@@ -1636,7 +1628,7 @@ class MemorySchedulerState:
             DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty task name.
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
         """
-        name = _task_name(task)
+        name = check_task_name(task)
         with self._m.lock:
             self._m.now()
             self._m.paused_tasks.add(name)
@@ -1648,7 +1640,7 @@ class MemorySchedulerState:
             DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty task name.
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
         """
-        name = _task_name(task)
+        name = check_task_name(task)
         with self._m.lock:
             self._m.now()
             self._m.paused_tasks.discard(name)
