@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -14,11 +15,13 @@ import textwrap
 import time
 from importlib.metadata import EntryPoint
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from jobs_core import cli
+from jobs_core import REGISTRY, cli, job, use_driver
+from jobs_core.drivers.memory import MemoryDriver
 from jobs_core.logs import LineHandler, LogFormat
 
 JOBS = [sys.executable, "-m", "jobs_core.cli"]
@@ -276,6 +279,60 @@ def test_worker_refuses_a_bad_duration_option(tiny_app: Path) -> None:
     assert done.returncode == 2
     assert "X_JOB_OPTIONS_INVALID" in done.stderr
     assert "visibility_timeout" in done.stderr
+
+
+def test_worker_refuses_a_bad_cancel_grace(tiny_app: Path) -> None:
+    done = _jobs(
+        "worker", "tinyapp", "--driver", "memory://", "--cancel-grace", "soon", cwd=tiny_app
+    )
+
+    assert done.returncode == 2
+    assert "X_JOB_OPTIONS_INVALID" in done.stderr
+    assert "cancel_grace" in done.stderr
+
+
+async def test_the_cancel_grace_option_reaches_the_worker() -> None:
+    """A body deaf to an operator cancel has its task cancelled after --cancel-grace, not 5 s."""
+    driver = MemoryDriver()
+    started = asyncio.Event()
+    ended: list[float] = []
+
+    @job(input=int, idempotency_key=lambda i: str(i), tenant="none", name="cli.deaf", queue="deaf")
+    async def deaf(input: int, step: Any, ctx: Any) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        finally:
+            ended.append(time.monotonic())
+
+    try:
+        with use_driver(driver):
+            result = await deaf.enqueue(1)
+        serving = asyncio.create_task(
+            cli._serve(
+                driver,
+                queues=["deaf"],
+                concurrency=1,
+                visibility_timeout="600ms",
+                drain_timeout="2s",
+                cancel_grace="150ms",
+            )
+        )
+        await asyncio.wait_for(started.wait(), 10)
+        cancelled_at = time.monotonic()
+        await driver.introspect.cancel(result.id, "stopped by the test")
+        for _ in range(400):
+            if ended:
+                break
+            await asyncio.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(serving, 10)
+    finally:
+        REGISTRY.unregister("cli.deaf")
+
+    assert ended, "the deaf body was never cancelled"
+    # The heartbeat (a third of the 600 ms lease) fires the cancel, then the 150 ms grace runs.
+    assert 0.15 <= ended[0] - cancelled_at < 2.0
 
 
 HELLO_PLUGIN = """

@@ -167,11 +167,15 @@ async def _serve(
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
     build: str = "",
+    cancel_grace: str = "5s",
 ) -> None:
     """Run a worker until a SIGTERM or SIGINT drain (or a stop) ends it, then close the driver.
 
     With ``metrics_port`` the worker records into its own :class:`JobsMetrics`, served over HTTP
     on ``metrics_host:metrics_port`` until the worker returns.
+
+    ``cancel_grace`` is how long an async body whose job an operator cancelled may go on before
+    its task is cancelled (a duration such as ``"5s"``).
 
     ``roles`` builds companions (``jobsctl dev``: the scheduler) that run beside the worker; a
     signal stops them while the worker drains, and they are stopped when it returns.
@@ -197,6 +201,7 @@ async def _serve(
             concurrency=concurrency,
             visibility_timeout=visibility_timeout,
             drain_timeout=drain_timeout,
+            cancel_grace=cancel_grace,
             build=build,
             metrics=metrics,
         )
@@ -284,7 +289,8 @@ def _run_worker(
 ) -> None:
     """Open and install the driver, import the APPs, run a worker and ``roles`` until it drains.
 
-    ``serve_options`` go to :func:`_serve` (``metrics_port``, ``metrics_host``, ``build``).
+    ``serve_options`` go to :func:`_serve` (``metrics_port``, ``metrics_host``, ``build``,
+    ``cancel_grace``).
     """
     configure_logging(log_level, log_format)
     driver = _open(driver_url)
@@ -354,6 +360,14 @@ DrainOption = Annotated[
         "left to lapse.",
     ),
 ]
+CancelGraceOption = Annotated[
+    str,
+    typer.Option(
+        "--cancel-grace",
+        help="After an operator cancels a running job, how long its async body may go on "
+        "before its task is cancelled (a sync body cannot be stopped and runs on).",
+    ),
+]
 LogLevelOption = Annotated[
     LogLevel,
     typer.Option("--log-level", help="The least severe log records shown (on stderr)."),
@@ -383,6 +397,7 @@ def worker(
     concurrency: ConcurrencyOption = DEFAULT_CONCURRENCY,
     visibility_timeout: VisibilityOption = "30s",
     drain_timeout: DrainOption = "25s",
+    cancel_grace: CancelGraceOption = "5s",
     log_level: LogLevelOption = LogLevel.INFO,
     log_format: LogFormatOption = LogFormat.TEXT,
     metrics_port: Annotated[
@@ -421,6 +436,7 @@ def worker(
         metrics_port=metrics_port,
         metrics_host=metrics_bind,
         build=build,
+        cancel_grace=cancel_grace,
     )
 
 
