@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from jobs_conformance.target import (
     Target,
+    claim,
     eventually,
     outcome,
     request,
@@ -18,7 +19,8 @@ from jobs_conformance.target import (
     state_counts,
 )
 from jobs_core import JobRegistry, job, use_driver
-from jobs_core.driver import EventBus, EventQuery, PublishRequest
+from jobs_core.driver import EventBus, EventQuery, PublishRequest, TimedWakeSource
+from jobs_core.types import Settle
 
 
 def _bus(target: Target) -> EventBus:
@@ -174,3 +176,27 @@ async def test_the_wake_source_announces_due_work(target: Target) -> None:
         await eventually(told, timeout=5.0, what="a wake for queue 'woken'")
     finally:
         await unsubscribe()
+
+
+async def test_an_idle_workers_timer_counts_a_running_rows_lease_expiry(target: Target) -> None:
+    """``next_due_ms`` answers the first lease expiry too: a lapsed lease is claimable work.
+
+    So an idle worker beside one that died wakes when the dead worker's lease lapses, not at
+    its next idle poll (issue 14 item 11).
+    """
+    wake = target.require("wake")
+    if not isinstance(wake, TimedWakeSource):
+        pytest.skip(f"NOT APPLICABLE: the {target.driver.name} wake source keeps no timers")
+    driver = target.driver
+    await driver.enqueue(request("later", queue="timed", delay_ms=60_000))
+    await driver.enqueue(request("held", queue="timed"))
+    [held] = await claim(driver, "timed", vt=3_000)
+    due = await wake.next_due_ms(["timed"])
+    assert due is not None and 0 < due <= 3_000, due
+    await target.advance(3_500)
+    assert await wake.next_due_ms(["timed"]) == 0
+    [again] = await claim(driver, "timed", worker="w2")
+    assert again.id == held.id
+    assert await driver.ack(again.id, Settle(again.fence))
+    rest = await wake.next_due_ms(["timed"])
+    assert rest is not None and 3_000 < rest <= 60_000, rest

@@ -194,10 +194,11 @@ class PgWakeSource:
         return due
 
     async def next_due_ms(self, queues: Sequence[str]) -> int | None:
-        """Answer the milliseconds until a waiting row of ``queues`` falls due, or ``None``.
+        """Answer the milliseconds until a row of ``queues`` becomes claimable, or ``None``.
 
-        Rounded up, on the database's clock; ``0`` when one is due already. Paused queues are
-        left out, and so are lapsed leases (the worker's poll finds those). One ``next_due_ms``
+        A waiting row's run_at or a running row's lease expiry (a lapsed lease makes its row
+        claimable), rounded up, on the database's clock; ``0`` when one is due already. Paused
+        queues are left out. One ``next_due_ms``
         statement; the enqueue of a row due later that comes first in its queue wakes the
         subscribers, so an idle worker sleeping until a later row asks again.
 

@@ -521,10 +521,11 @@ class RedisWakeSource:
         return unsubscribe
 
     async def next_due_ms(self, queues: Sequence[str]) -> int | None:
-        """Answer the milliseconds until a waiting row of ``queues`` falls due, or ``None``.
+        """Answer the milliseconds until a row of ``queues`` becomes claimable, or ``None``.
 
-        Rounded up, on the server's ``TIME``; ``0`` when one is due already. Paused queues are
-        left out, and so are lapsed leases (the worker's poll finds those). One ``next_due``
+        A waiting row's run_at or a running row's lease expiry (a lapsed lease makes its row
+        claimable), rounded up, on the server's ``TIME``; ``0`` when one is due already. Paused
+        queues are left out. One ``next_due``
         script; an enqueue of a row for later that comes first in its queue publishes the queue,
         so an idle worker sleeping until a later row asks again.
 

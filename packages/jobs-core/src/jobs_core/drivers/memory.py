@@ -1489,7 +1489,7 @@ class MemoryWakeSource:
         if first is None:
             return None
         # Rounded up: a worker woken on the rounded-down instant would find the row not yet due.
-        return -((now - first) // timedelta(milliseconds=1))
+        return max(0, -((now - first) // timedelta(milliseconds=1)))
 
 
 def _forward(task: str, expected: datetime | None, to: datetime, what: str) -> datetime:

@@ -956,18 +956,28 @@ WHERE j.state IN ('ready', 'delayed', 'running', 'suspended')
   AND NOT EXISTS (SELECT 1 FROM {schema}.paused_queues p WHERE p.queue = j.queue)
 
 -- name: next_due_ms
--- An idle worker's timer: milliseconds (rounded up; negative when one is due already) until the
--- first waiting row of the unpaused queues served falls due, NULL when none waits. One ordered
--- LIMIT 1 probe of jobs_claim per queue; lapsed leases are left to the poll.
-SELECT ceil(extract(epoch FROM min(f.run_at) - {now}) * 1000)::bigint
-FROM unnest(%(queues)s::text[]) AS q(name)
-CROSS JOIN LATERAL (
-    SELECT j.run_at FROM {schema}.jobs j
-    WHERE j.queue = q.name AND j.state IN ('ready', 'delayed', 'suspended')
-    ORDER BY j.run_at
-    LIMIT 1
-) f
-WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues p WHERE p.queue = q.name)
+-- An idle worker's timer: milliseconds (rounded up; negative when one is due already) until a row
+-- of the unpaused queues served becomes claimable, NULL when none waits: the first waiting row's
+-- run_at (an ordered LIMIT 1 probe of jobs_claim per queue) or the first running row's lease
+-- expiry (an ordered LIMIT 1 walk of jobs_lapse, as the claim's own lapse probe), so an idle
+-- worker wakes when a dead worker's lease lapses rather than at its next poll.
+WITH served AS (
+    SELECT q.name FROM unnest(%(queues)s::text[]) AS q(name)
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues p WHERE p.queue = q.name)
+)
+SELECT ceil(extract(epoch FROM least(
+    (SELECT min(f.run_at) FROM served s
+     CROSS JOIN LATERAL (
+         SELECT j.run_at FROM {schema}.jobs j
+         WHERE j.queue = s.name AND j.state IN ('ready', 'delayed', 'suspended')
+         ORDER BY j.run_at
+         LIMIT 1
+     ) f),
+    (SELECT j.visible_at FROM {schema}.jobs j
+     WHERE j.state = 'running' AND j.queue IN (SELECT name FROM served)
+     ORDER BY j.visible_at
+     LIMIT 1)
+) - {now}) * 1000)::bigint
 
 -- name: queue_names
 -- Every queue that ever had a row: a listener that becomes live wakes them all, so rows that

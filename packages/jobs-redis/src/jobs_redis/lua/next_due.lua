@@ -1,12 +1,14 @@
--- next_due.lua: how long until a waiting row of the named queues falls due (an idle worker's timer).
+-- next_due.lua: how long until a row of the named queues becomes claimable (an idle worker's timer).
 --
 -- KEYS[1]  <base>seq     routes the call (every key shares its tag; not read)
 -- ARGV[1]  base          "{<prefix>}:"; reads <base>paused and each queue's <base>q:<queue>:r
---                        (ready/delayed by run_at) and <base>q:<queue>:s (suspended by run_at)
+--                        (ready/delayed by run_at), <base>q:<queue>:s (suspended by run_at) and
+--                        <base>q:<queue>:l (running by lease expiry)
 -- ARGV[2…] the queue names
--- Reply:   milliseconds until the first such run_at (rounded up, 0 when one is due already), as
---          text, or false when no row waits. Paused queues are left out; lapsed leases are left
---          to the worker's poll.
+-- Reply:   milliseconds until the first such run_at or lease expiry (rounded up, 0 when one is
+--          due already), as text, or false when no row waits. Paused queues are left out. A lease
+--          expiry counts because claim.lua takes a lapsed row: an idle worker wakes when a dead
+--          worker's lease lapses rather than at its next poll.
 
 local base = ARGV[1]
 local t = redis.call('TIME')
@@ -15,7 +17,7 @@ local first = nil
 for i = 2, #ARGV do
   local queue = ARGV[i]
   if redis.call('SISMEMBER', base .. 'paused', queue) == 0 then
-    for _, kind in ipairs({ ':r', ':s' }) do
+    for _, kind in ipairs({ ':r', ':s', ':l' }) do
       local top = redis.call('ZRANGE', base .. 'q:' .. queue .. kind, 0, 0, 'WITHSCORES')
       if top[2] then
         local at = tonumber(top[2])
