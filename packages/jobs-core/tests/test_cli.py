@@ -281,6 +281,15 @@ def test_worker_refuses_a_bad_duration_option(tiny_app: Path) -> None:
     assert "visibility_timeout" in done.stderr
 
 
+def test_enqueue_without_an_app_says_no_module_declares_any_job() -> None:
+    done = _jobs("enqueue", "billing.charge", "--input", "{}", "--driver", "memory://")
+
+    assert done.returncode == 2
+    assert "X_JOB_UNKNOWN" in done.stderr
+    assert "no --app module declares any job" in done.stderr
+    assert "--app MODULE" in done.stderr
+
+
 def test_worker_refuses_a_bad_cancel_grace(tiny_app: Path) -> None:
     done = _jobs(
         "worker", "tinyapp", "--driver", "memory://", "--cancel-grace", "soon", cwd=tiny_app

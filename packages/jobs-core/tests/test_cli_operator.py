@@ -790,3 +790,37 @@ def test_jobs_worker_serves_metrics_on_its_port(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_enqueue_of_a_misspelt_name_suggests_the_declared_one(checkout: Any) -> None:
+    """A near miss names the job it was probably meant to be; nothing is enqueued."""
+    done = CliRunner().invoke(
+        create_app(plugins=False),
+        [
+            "enqueue",
+            "cli.chekout",
+            "--input",
+            '{"order": "o1", "card": "4242"}',
+            "--driver",
+            "memory://",
+        ],
+    )
+
+    assert done.exit_code == 2, done.output
+    assert "X_JOB_UNKNOWN" in done.stderr
+    assert "did you mean 'cli.checkout'?" in done.stderr
+    assert "4242" not in done.stderr
+
+
+def test_stats_shows_a_dash_for_the_oldest_wait_of_a_queue_with_nothing_due(
+    mem: MemoryDriver, checkout: Any
+) -> None:
+    run(mem, checkout.enqueue(Order(order="o-late", card="4242"), delay="1h"))
+    [queue] = as_json(invoke(mem, "stats", "--json"))
+    assert (queue["stats"]["ready"], queue["stats"]["oldest_ready_ms"]) == (0, 0)
+
+    shown = invoke(mem, "stats")
+    assert shown.exit_code == 0, shown.output
+    [line] = [ln for ln in shown.stdout.splitlines() if ln.startswith("default")]
+    assert "0.0s" not in line
+    assert " - " in f"{line} "

@@ -8,6 +8,7 @@ and a shell has none (``outbox=False``).
 
 from __future__ import annotations
 
+import difflib
 import json
 from datetime import datetime
 from pathlib import Path
@@ -130,12 +131,7 @@ def add_enqueue_command(app: typer.Typer, *, driver: JobDriver | None = None) ->
         async def act(opened: JobDriver) -> EnqueueResult:
             handle = REGISTRY.get(name)
             if handle is None:
-                declared = ", ".join(h.name for h in REGISTRY.all()) or "none"
-                raise JobUnknownError(
-                    f"no job named {name!r} is declared by the --app modules (declared: "
-                    f"{declared}); pass --app MODULE for the module that declares it",
-                    job=name,
-                )
+                raise JobUnknownError(_unknown_job_text(name), job=name)
             if delay is not None and when is not None:
                 raise JobOptionsInvalidError("--delay and --run-at are exclusive", option="delay")
             return await handle.enqueue(
@@ -148,6 +144,25 @@ def add_enqueue_command(app: typer.Typer, *, driver: JobDriver | None = None) ->
             return
         note = " (deduped: a live job holds its key)" if result.deduped else ""
         _console().print(f"enqueued {result.id} ({name}), run {result.run_id}{note}")
+
+
+def _unknown_job_text(name: str) -> str:
+    """Say why ``name`` is not declared: no --app at all, a near miss, or the names there are."""
+    declared = sorted(h.name for h in REGISTRY.all())
+    if not declared:
+        return (
+            f"no job named {name!r} is declared: no --app module declares any job; pass "
+            "--app MODULE for the module that declares it"
+        )
+    near = difflib.get_close_matches(name, declared, n=3)
+    if near:
+        hint = "did you mean " + " or ".join(repr(n) for n in near) + "?"
+    else:
+        hint = f"declared: {', '.join(declared)}"
+    return (
+        f"no job named {name!r} is declared by the --app modules ({hint}); pass --app MODULE "
+        "for the module that declares it"
+    )
 
 
 def _fields(result: EnqueueResult) -> dict[str, Any]:

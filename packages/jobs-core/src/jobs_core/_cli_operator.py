@@ -686,7 +686,8 @@ def add_operator_commands(app: typer.Typer, *, driver: JobDriver | None = None) 
                     for n in (s.ready, s.delayed, s.running, s.suspended, s.done, s.failed, s.dead)
                 ),
                 str(s.cancelled),
-                f"{s.oldest_ready_ms / 1000:.1f}s",
+                # No due row has waited: a dash, not a "0.0s" that reads as a measurement.
+                f"{s.oldest_ready_ms / 1000:.1f}s" if s.ready or s.oldest_ready_ms else "-",
                 str(row.demand),
                 {True: "paused", False: "", None: "?"}[row.paused],
             )

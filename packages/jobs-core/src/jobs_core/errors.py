@@ -278,7 +278,7 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "X_JOB_UNKNOWN",
         "JobUnknownError",
         "A job name no imported module declares: a row a worker claimed, or the NAME given to jobsctl enqueue.",
-        "Import the module that declares the job (jobsctl worker APP ..., jobsctl enqueue NAME --app APP), or remove the row.",
+        "Import the module that declares the job (jobsctl worker APP ..., jobsctl enqueue NAME --app APP); a row of a job no module declares any more can be removed (jobsctl rm ID).",
     ),
     ErrorCode(
         "X_JOB_ON_SETTLED_FAILED",
