@@ -136,13 +136,18 @@ def conformance_memory(session: nox.Session) -> None:
 
 @nox.session(name="tests-redis", python=PYTHON)
 def tests_redis(session: nox.Session) -> None:
-    """Run jobs-redis's own tests against the Redis server at 127.0.0.1:6379 (fails if down)."""
+    """Run jobs-redis's own tests against the Redis server at 127.0.0.1:6379 (fails if down).
+
+    Also the core tests that take a ``redis`` variant once jobs-redis is installed (marked
+    ``redis``; the core session, without jobs-redis, never collects them).
+    """
     session.install(
         "-e", CORE, "-e", CONFORMANCE, "-e", REDIS, PINS["redis"], PINS["hiredis"], *TEST_DEPS
     )
     session.run(
         "pytest", f"{REDIS}/tests", "-m", "not slow and not conformance", "-q", *session.posargs
     )
+    session.run("pytest", f"{CORE}/tests", "-m", "redis and not slow", "-q", *session.posargs)
 
 
 @nox.session(name="conformance-redis", python=PYTHON)

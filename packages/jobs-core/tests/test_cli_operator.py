@@ -551,13 +551,29 @@ def _driver_urls() -> list[Any]:
     if any(ep.name == "postgresql" for ep in entry_points(group="jobs.drivers")):
         pg = os.environ.get("JOBS_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
         urls.append(pytest.param(pg, True, id="postgresql", marks=pytest.mark.pg))
+    if any(ep.name == "redis" for ep in entry_points(group="jobs.drivers")):
+        redis = os.environ.get("JOBS_REDIS_URL", "redis://127.0.0.1:6379/0")
+        urls.append(pytest.param(redis, True, id="redis", marks=pytest.mark.redis))
     return urls
 
 
 @pytest.fixture
 def session_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The driver URL for one session; a Postgres one gets a fresh schema, migrated."""
+    """The driver URL for one session; a Postgres one gets a fresh schema, migrated, and a Redis
+    one a fresh key prefix, its keys deleted afterwards."""
     base: str = request.param
+    if base.startswith("redis"):
+        import redis
+
+        prefix = f"cli_{uuid.uuid4().hex[:12]}"
+        try:
+            yield f"{base}?prefix={prefix}"
+        finally:
+            client = redis.Redis.from_url(base)
+            for key in client.scan_iter(match="{" + prefix + "}*", count=1000):
+                client.delete(key)
+            client.close()
+        return
     if not base.startswith("postgresql"):
         yield base
         return
