@@ -13,6 +13,7 @@ Examples:
     python -m bench --backfill --quick           # a killed pass, the throttle (bench/backfill.py)
     python -m bench --timers [--quick]           # lateness of 200 delayed jobs (bench/timers.py)
     python -m bench --soak 30 [--rate 1500]      # enqueue + drain + retention for 30 min (soak.py)
+    python -m bench --migrate-online [--reuse]   # enqueue latency during an online migration
 """
 
 from __future__ import annotations
@@ -100,6 +101,10 @@ def main(argv: list[str]) -> int:
         from bench.timers import main as timers_main
 
         return timers_main([a for a in argv if a != "--timers"])
+    if "--migrate-online" in argv:
+        from bench.migrate_online import main as migrate_online_main
+
+        return migrate_online_main([a for a in argv if a != "--migrate-online"])
     if "--backfill" in argv:
         from bench.backfill import main as backfill_main
 

@@ -86,6 +86,8 @@ DECLARED_INDEXES = {
     "(state = ANY (ARRAY['ready'::text, 'delayed'::text, 'suspended'::text]))",
     "jobs_lapse": "(visible_at) WHERE (state = 'running'::text)",
     "jobs_listing": "(created_at, id)",
+    "jobs_tenant_listing": "(tenant_id, created_at, id) WHERE (tenant_id IS NOT NULL)",
+    "jobs_dead_listing": "(queue, created_at, id) WHERE (state = 'dead'::text)",
     "jobs_run": "UNIQUE (run_id)",
     "job_steps_waiting": "(event) WHERE (status = 'waiting'::text)",
     "events_find": "(name, published_at, seq)",
@@ -291,3 +293,105 @@ def test_the_demo_runs_on_postgres(url: str) -> None:
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "checks held" in demo.stdout
+
+
+ONLINE = next(m for m in migrations() if m.name == "0013_listing_indexes.sql")
+
+
+async def _forget_online(pg_url: str, schema: str) -> None:
+    """Take ``schema`` back to before 0013: its indexes dropped, its record deleted."""
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute(f'DROP INDEX "{schema}".jobs_tenant_listing')
+        await conn.execute(f'DROP INDEX "{schema}".jobs_dead_listing')
+        await conn.execute(f'DELETE FROM "{schema}".migrations WHERE version = %s', (13,))
+
+
+def test_the_listing_indexes_are_an_online_migration() -> None:
+    assert ONLINE.online
+    assert [m.name for m in migrations() if m.online] == [ONLINE.name]
+    statements = ONLINE.statements("jobs")
+    assert len(statements) == 2
+    assert all(s.startswith(b"CREATE INDEX CONCURRENTLY IF NOT EXISTS") for s in statements)
+
+
+async def test_enqueues_go_on_while_an_online_migration_waits_to_build(
+    pg_url: str, migrated: str, driver_factory: Any
+) -> None:
+    """CREATE INDEX CONCURRENTLY waits for an open writer, but blocks no new one.
+
+    A plain CREATE INDEX would queue its SHARE lock behind the open writer's, and every enqueue
+    after it would queue behind that: the second enqueue below would hang until the commit.
+    """
+    await _forget_online(pg_url, migrated)
+    writer = await psycopg.AsyncConnection.connect(pg_url)
+    migrating: PostgresDriver = await driver_factory()
+    enqueuer: PostgresDriver = await driver_factory()
+    try:
+        await writer.execute(
+            f'INSERT INTO "{migrated}".jobs (id, run_id, name, queue, input, idempotency_key,'
+            " state, max_attempts, run_at, created_at, updated_at)"
+            " VALUES (gen_random_uuid(), gen_random_uuid(), 'open', 'default', 'null', 'open',"
+            " 'ready', 1, now(), now(), now())"
+        )
+        migration = asyncio.create_task(migrating.migrate())
+        await asyncio.sleep(1.0)
+        assert not migration.done(), "the build did not wait for the open writer"
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(enqueuer.enqueue(request("during", tenant="t1")), 5)
+        assert asyncio.get_running_loop().time() - started < 5
+        assert not migration.done()
+        await writer.commit()
+        assert await asyncio.wait_for(migration, 30) == [ONLINE.name]
+    finally:
+        await writer.close()
+        await migrating.close()
+        await enqueuer.close()
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        cur = await conn.execute(
+            "SELECT i.relname, x.indisvalid FROM pg_index x"
+            " JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_namespace n"
+            " ON n.oid = i.relnamespace WHERE n.nspname = %s AND i.relname LIKE 'jobs_%%listing'",
+            (migrated,),
+        )
+        assert dict(await cur.fetchall()) == {
+            "jobs_listing": True,
+            "jobs_tenant_listing": True,
+            "jobs_dead_listing": True,
+        }
+
+
+async def test_an_interrupted_online_build_is_dropped_and_built_again(
+    pg_url: str, migrated: str, driver_factory: Any
+) -> None:
+    """A failed CREATE INDEX CONCURRENTLY leaves an INVALID index of the name; the next migrate
+    must not take IF NOT EXISTS at its word."""
+    await _forget_online(pg_url, migrated)
+    driver: PostgresDriver = await driver_factory()
+    for key in ("a", "b"):
+        await driver.enqueue(request(key, tenant="same"))
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            await conn.execute(
+                f'CREATE UNIQUE INDEX CONCURRENTLY jobs_tenant_listing ON "{migrated}".jobs'
+                " (tenant_id)"
+            )
+        cur = await conn.execute(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = %s::regclass",
+            (f'"{migrated}".jobs_tenant_listing',),
+        )
+        assert await cur.fetchone() == (False,)
+
+    try:
+        assert await driver.migrate() == [ONLINE.name]
+    finally:
+        await driver.close()
+
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        cur = await conn.execute(
+            "SELECT x.indisvalid, pg_get_indexdef(x.indexrelid) FROM pg_index x"
+            " WHERE x.indexrelid = %s::regclass",
+            (f'"{migrated}".jobs_tenant_listing',),
+        )
+        valid, definition = await cur.fetchone() or (None, "")
+    assert valid is True
+    assert definition.endswith("(tenant_id, created_at, id) WHERE (tenant_id IS NOT NULL)")

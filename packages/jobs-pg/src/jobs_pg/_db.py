@@ -387,16 +387,20 @@ class Db:
         conn: psycopg.AsyncConnection[Any] | None = None,
         *,
         binary: bool = False,
+        prepare: bool | None = None,
     ) -> list[Row]:
         """Run block ``block`` and answer its rows (on ``conn``, else a pool connection).
 
         ``binary`` asks for the rows in binary format: uuid, timestamptz and jsonb columns load
         faster (the hot per-row statements use it; the values are the same either way).
+        ``prepare=False`` plans the statement for these values at every run: a statement whose
+        optional filters (``%(f)s IS NULL OR column = %(f)s``) decide which index serves it, as
+        the listing's do, would otherwise settle on one generic plan that can use none of them.
         """
         if conn is not None:
-            return await self._run(conn, block, values, binary)
+            return await self._run(conn, block, values, binary, prepare)
         async with self.connection() as lent:
-            return await self._run(lent, block, values, binary)
+            return await self._run(lent, block, values, binary, prepare)
 
     async def _run(
         self,
@@ -404,8 +408,11 @@ class Db:
         block: str,
         values: Mapping[str, Any],
         binary: bool,
+        prepare: bool | None = None,
     ) -> list[Row]:
-        cur = await conn.execute(self.statements[block], self.params(values), binary=binary)
+        cur = await conn.execute(
+            self.statements[block], self.params(values), binary=binary, prepare=prepare
+        )
         # The result's status, not ``cur.description``, which builds a Column object per column
         # at every access (3 µs for the enqueue's four).
         result = cur.pgresult

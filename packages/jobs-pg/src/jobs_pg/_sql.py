@@ -23,6 +23,8 @@ from jobs_core.errors import DriverRequestInvalidError
 
 _BLOCK = re.compile(r"^-- name: (\w+)[ \t]*$", re.MULTILINE)
 _MIGRATION = re.compile(r"^(\d{4})_(\w+)\.sql$")
+_ONLINE = re.compile(r"^-- jobs-pg: online[ \t]*$", re.MULTILINE)
+_STATEMENT_END = re.compile(r";[ \t]*$", re.MULTILINE)
 _SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")
 
 NOW = "coalesce(%(now)s::timestamptz, now())"
@@ -113,12 +115,16 @@ class Migration:
         text: its SQL with the ``{schema}`` and ``{channel}`` placeholders.
         checksum: the SHA-256 of ``text``: a shipped file is never edited, so an applied
             migration whose checksum changed is refused.
+        online: the file carries the line ``-- jobs-pg: online``: its statements run one at a
+            time outside any transaction (``CREATE INDEX CONCURRENTLY``, which a transaction
+            block refuses), so enqueues, claims and settles go on while it runs.
     """
 
     version: int
     name: str
     text: str
     checksum: str
+    online: bool = False
 
     def render(self, schema: str) -> bytes:
         """Answer the SQL for ``schema`` (identifiers quoted by psycopg)."""
@@ -127,6 +133,15 @@ class Migration:
             .format(schema=sql.Identifier(schema), channel=sql.Literal(wake_channel(schema)))
             .as_bytes(None)
         )
+
+    def statements(self, schema: str) -> list[bytes]:
+        """Answer the SQL for ``schema`` cut into its statements, without comment lines.
+
+        Each statement ends with ``;`` at a line's end; an online migration runs them one at a
+        time.
+        """
+        code = _code(self.render(schema).decode("utf-8"))
+        return [part.strip().encode("utf-8") for part in _STATEMENT_END.split(code) if part.strip()]
 
 
 @functools.cache
@@ -140,5 +155,6 @@ def migrations() -> tuple[Migration, ...]:
             continue
         text = entry.read_text(encoding="utf-8")
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        found.append(Migration(int(matched[1]), entry.name, text, digest))
+        online = _ONLINE.search(text) is not None
+        found.append(Migration(int(matched[1]), entry.name, text, digest, online))
     return tuple(sorted(found, key=lambda m: m.version))

@@ -476,20 +476,28 @@ class PgIntrospector:
 
         async with self._db.connection() as conn:
             if before is not None:
-                found = await self._db.rows("list_newer", at(before, limit + 1), conn)
+                found = await self._db.rows(
+                    "list_newer", at(before, limit + 1), conn, prepare=False
+                )
                 more_newer = len(found) > limit
                 page = found[:limit][::-1]
                 more_older = bool(page) and bool(
-                    await self._db.rows("list_older", at(_position(page[-1]), 1), conn)
+                    await self._db.rows(
+                        "list_older", at(_position(page[-1]), 1), conn, prepare=False
+                    )
                 )
             else:
-                found = await self._db.rows("list_older", at(after, limit + 1), conn)
+                found = await self._db.rows("list_older", at(after, limit + 1), conn, prepare=False)
                 more_older = len(found) > limit
                 page = found[:limit]
                 more_newer = (
                     after is not None
                     and bool(page)
-                    and bool(await self._db.rows("list_newer", at(_position(page[0]), 1), conn))
+                    and bool(
+                        await self._db.rows(
+                            "list_newer", at(_position(page[0]), 1), conn, prepare=False
+                        )
+                    )
                 )
         return JobPage(
             rows=tuple(job_info(row) for row in page),
