@@ -16,6 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from jobs_core import JobRegistry, JobState, Retry, Worker, job, use_driver
+from jobs_core.driver import LeaseRequest
 from jobs_core.drivers.memory import MemoryDriver
 from jobs_core.errors import DriverUnavailableError
 
@@ -209,4 +210,62 @@ async def test_a_settle_is_abandoned_once_the_lease_is_surely_gone(
     assert record.outcome == "completed"
     # (the lapsed row may be re-claimed and abandoned again before the worker stops)
     assert set(worker.stats().outcomes) == {"lost"}
+    assert crashed() == []
+
+
+async def test_a_parks_clock_question_refused_for_a_while_is_retried(
+    registry: JobRegistry, crashed: Callable[[], list[str]]
+) -> None:
+    """The park asks the driver's clock before its nack: both ride the settle retry."""
+    driver, outage, runs = MemoryDriver(), Outage(), []
+    driver.steps.now = outage.wrap("now", driver.steps.now)  # type: ignore[method-assign]
+
+    async def body(input: Item, step: Any, ctx: Any) -> str:
+        runs.append(ctx.attempt)
+        asyncio.get_running_loop().create_task(end_after(outage, 0.3))
+        await step.sleep("nap", "50ms")
+        return "rested"
+
+    declare(registry, "napper", body)
+    with use_driver(driver):
+        queued = await registry.get("napper").enqueue(Item(key="a"))  # type: ignore[union-attr]
+    worker = Worker(driver, registry=registry, poll_interval="5ms", visibility_timeout="3s")
+    row = await run_until(worker, lambda: settled(driver, queued.id, JobState.DONE))
+
+    assert row.result == "rested" and row.attempt == 1
+    assert outage.refused["now"] >= 1
+    assert worker.stats().outcomes == {"suspended": 1, "completed": 1}
+    assert crashed() == []
+
+
+async def test_a_busy_slots_hand_back_refused_for_a_while_is_retried(
+    registry: JobRegistry, crashed: Callable[[], list[str]]
+) -> None:
+    """A row handed back because its only slot is taken is not stranded by a blip."""
+    driver, outage, runs = MemoryDriver(), Outage(), []
+
+    async def body(input: Item, step: Any, ctx: Any) -> str:
+        runs.append(ctx.attempt)
+        return "ok"
+
+    declare(registry, "single", body, concurrency=1)
+    with use_driver(driver):
+        queued = await registry.get("single").enqueue(Item(key="a"))  # type: ignore[union-attr]
+    other = LeaseRequest("job:single", 1, "someone-else", 60_000)
+    assert await driver.leases.acquire(other)
+    driver.nack = outage.wrap("nack", driver.nack)  # type: ignore[method-assign]
+
+    async def free_the_slot_later() -> None:
+        await asyncio.sleep(0.3)
+        outage.on = False
+        await driver.leases.release(other.key, other.holder)
+
+    asyncio.get_running_loop().create_task(free_the_slot_later())
+    worker = Worker(driver, registry=registry, poll_interval="5ms", visibility_timeout="3s")
+    row = await run_until(worker, lambda: settled(driver, queued.id, JobState.DONE))
+
+    assert row.result == "ok" and row.attempt == 1
+    assert runs == [1]
+    assert outage.refused["nack"] >= 1
+    assert worker.stats().outcomes.get("lost", 0) == 0
     assert crashed() == []

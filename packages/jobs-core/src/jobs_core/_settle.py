@@ -145,5 +145,5 @@ class _RetriedSteps:
         return await self._retry.run(self._job, "step", lambda: self._store.write(write))
 
     async def now(self) -> datetime:
-        """Answer the store's clock."""
-        return await self._store.now()
+        """Answer the store's clock, asked again like a settle (a park needs it to land)."""
+        return await self._retry.run(self._job, "step", self._store.now)

@@ -30,7 +30,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 from jobs_core._settle import SettleRetry
 from jobs_core._threads import run_in_thread
@@ -89,6 +89,8 @@ Outcome = Literal[
 ]
 
 _log = logging.getLogger("jobs.worker")
+
+T = TypeVar("T")
 
 UNKNOWN_JOB_DELAY = "30s"
 """How long a row whose name no module declares waits before its next attempt (a deploy may be
@@ -235,22 +237,33 @@ async def _acquire_slot(
         error = error_info(KeyBusyError(f"every slot of {key!r} is taken", key=key))
         opts = NackOptions(attempt.job.fence, error=error, fail=True, count_attempt=False)
         return await _settle(env, attempt, opts, "refused")
-    return await hand_back(env.driver, attempt.job)
+    return await hand_back(env.driver, attempt.job, settle_retry=env.settle_retry)
 
 
-async def hand_back(driver: JobDriver, job: ClaimedJob, delay_ms: int | None = None) -> Outcome:
+async def hand_back(
+    driver: JobDriver,
+    job: ClaimedJob,
+    delay_ms: int | None = None,
+    *,
+    settle_retry: SettleRetry | None = None,
+) -> Outcome:
     """Give a claimed row back unrun (attempt not spent), due again in ``delay_ms`` (ms).
 
     The default (``None``) is about a second (a busy slot), drawn with jitter on every call so
     rows deferred together do not all come back at once; answers ``deferred``, or ``lost`` if
-    the claim was no longer held.
+    the claim was no longer held. With ``settle_retry`` (an attempt's, whose heartbeat runs) a
+    nack refused with ``X_DRIVER_UNAVAILABLE`` is sent again while the lease can hold.
 
     Raises:
-        DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``; the lease lapses instead.
+        DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` without ``settle_retry``; the lease
+            lapses instead.
+        SettleAbandonedError: with ``settle_retry``, once the lease was surely gone.
     """
     delay = BUSY_RETRY.delay_after_ms(1) if delay_ms is None else delay_ms
     opts = NackOptions(job.fence, delay_ms=delay, count_attempt=False)
-    return "deferred" if await driver.nack(job.id, opts) else "lost"
+    call = functools.partial(driver.nack, job.id, opts)
+    landed = await (call() if settle_retry is None else settle_retry.run(job, "deferred", call))
+    return "deferred" if landed else "lost"
 
 
 async def _run(
@@ -561,7 +574,8 @@ class _ProgressReporter:
 
 async def _park(env: AttemptEnv, attempt: Attempt, runner: StepRunner) -> Outcome:
     assert runner.suspension is not None
-    now: datetime = await env.driver.steps.now()
+    # The clock question is part of the park: a blip here must not strand the parked run.
+    now: datetime = await _settling(env, attempt.job, "suspended", env.driver.steps.now)
     delay_ms = max(0, int((runner.suspension.wake_at - now).total_seconds() * 1000))
     opts = NackOptions(attempt.job.fence, delay_ms=delay_ms, park=True, count_attempt=False)
     return await _settle(env, attempt, opts, "suspended")
@@ -676,9 +690,9 @@ async def _settle(
 
 
 async def _settling(
-    env: AttemptEnv, job: ClaimedJob, outcome: Outcome, call: Callable[[], Awaitable[bool]]
-) -> bool:
-    """Send a fenced settle once, or through the worker's retry when it has one."""
+    env: AttemptEnv, job: ClaimedJob, outcome: Outcome, call: Callable[[], Awaitable[T]]
+) -> T:
+    """Send a fenced settle (or the question it needs) once, or through the worker's retry."""
     if env.settle_retry is None:
         return await call()
     return await env.settle_retry.run(job, outcome, call)
