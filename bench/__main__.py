@@ -14,6 +14,7 @@ Examples:
     python -m bench --timers [--quick]           # lateness of 200 delayed jobs (bench/timers.py)
     python -m bench --soak 30 [--rate 1500]      # enqueue + drain + retention for 30 min (soak.py)
     python -m bench --migrate-online [--reuse]   # enqueue latency during an online migration
+    python -m bench --retained [--quick]         # claim throughput with 10M settled rows kept
 """
 
 from __future__ import annotations
@@ -101,6 +102,10 @@ def main(argv: list[str]) -> int:
         from bench.timers import main as timers_main
 
         return timers_main([a for a in argv if a != "--timers"])
+    if "--retained" in argv:
+        from bench.retained import main as retained_main
+
+        return retained_main([a for a in argv if a != "--retained"])
     if "--migrate-online" in argv:
         from bench.migrate_online import main as migrate_online_main
 
