@@ -13,6 +13,7 @@ Examples:
     python -m bench --backfill --quick           # a killed pass, the throttle (bench/backfill.py)
     python -m bench --timers [--quick]           # lateness of 200 delayed jobs (bench/timers.py)
     python -m bench --soak 30 [--rate 1500]      # enqueue + drain + retention for 30 min (soak.py)
+    python -m bench --cluster [--quick]          # 3-master Redis Cluster vs one Redis (cluster.py)
 """
 
 from __future__ import annotations
@@ -100,6 +101,10 @@ def main(argv: list[str]) -> int:
         from bench.timers import main as timers_main
 
         return timers_main([a for a in argv if a != "--timers"])
+    if "--cluster" in argv:
+        from bench.cluster import main as cluster_main
+
+        return cluster_main([a for a in argv if a != "--cluster"])
     if "--backfill" in argv:
         from bench.backfill import main as backfill_main
 
