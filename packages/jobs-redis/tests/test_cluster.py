@@ -7,6 +7,7 @@ always runs on a real cluster, never on the single shared server.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -14,9 +15,9 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from conftest import REDIS_URL, drop_prefix, sync_client
+from conftest import REDIS_URL, drop_prefix, free_port, sync_client
 from jobs_core.driver import open_driver
-from jobs_core.errors import DriverRequestInvalidError
+from jobs_core.errors import DriverRequestInvalidError, DriverUnavailableError
 from jobs_core.ids import new_id
 from jobs_core.types import EnqueueRequest
 from jobs_redis import RedisDriver, is_cluster_url, open_client
@@ -145,3 +146,16 @@ def test_a_cluster_url_takes_no_database_index() -> None:
     with pytest.raises(DriverRequestInvalidError, match="only database 0"):
         RedisDriver("redis+cluster://127.0.0.1:7101/3")
     RedisDriver("redis+cluster://127.0.0.1:7101/0")
+
+
+async def test_a_cluster_no_seed_node_answers_refuses_at_once() -> None:
+    driver = RedisDriver(f"redis+cluster://127.0.0.1:{free_port()}", prefix="down")
+    try:
+        for _ in range(2):
+            started = time.perf_counter()
+            with pytest.raises(DriverUnavailableError) as refused:
+                await driver.enqueue(unit(1))
+            assert time.perf_counter() - started < 1.0
+            assert refused.value.code == "X_DRIVER_UNAVAILABLE"
+    finally:
+        await driver.close()
