@@ -159,6 +159,28 @@ def conformance_redis(session: nox.Session) -> None:
     session.run("pytest", f"{REDIS}/tests", "-m", "conformance", "-q", *session.posargs)
 
 
+@nox.session(name="cluster-redis", python=PYTHON)
+def cluster_redis(session: nox.Session) -> None:
+    """The jobs-conformance suite and the process tests on a private 3-master Redis Cluster.
+
+    ``packages/jobs-redis/tests/with_cluster.py`` starts three ``redis-server --cluster-enabled
+    yes`` on free loopback ports from 7101 up (temp dir, no persistence, no replicas), joins them
+    with ``redis-cli --cluster create``, runs pytest with
+    ``JOBS_REDIS_URL=redis+cluster://127.0.0.1:<port>`` (redis-py's ``RedisCluster``), and stops
+    them. Each test's random prefix is its own hash tag, so the tests spread over the three
+    masters; ``test_cluster.py`` runs three prefixes on three different masters at once. Not a
+    default session (about 4 minutes on the shared 2-core machine: 3 of tests, 1 of install).
+    """
+    session.install(
+        "-e", CORE, "-e", CONFORMANCE, "-e", REDIS, PINS["redis"], PINS["hiredis"], *TEST_DEPS
+    )
+    tests = f"{REDIS}/tests"
+    session.run(
+        "python", f"{tests}/with_cluster.py", "--",
+        "pytest", tests, "-m", "conformance or processes", "-q", *session.posargs,
+    )  # fmt: skip
+
+
 @nox.session(name="tests-pg", python=PYTHON)
 def tests_pg(session: nox.Session) -> None:
     """Run jobs-pg's own tests against PostgreSQL at 127.0.0.1:5432 (fails if it is down).

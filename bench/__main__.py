@@ -15,6 +15,7 @@ Examples:
     python -m bench --soak 30 [--rate 1500]      # enqueue + drain + retention for 30 min (soak.py)
     python -m bench --migrate-online [--reuse]   # enqueue latency during an online migration
     python -m bench --retained [--quick]         # claim throughput with 10M settled rows kept
+    python -m bench --cluster [--quick]          # 3-master Redis Cluster vs one Redis (cluster.py)
 """
 
 from __future__ import annotations
@@ -110,6 +111,10 @@ def main(argv: list[str]) -> int:
         from bench.migrate_online import main as migrate_online_main
 
         return migrate_online_main([a for a in argv if a != "--migrate-online"])
+    if "--cluster" in argv:
+        from bench.cluster import main as cluster_main
+
+        return cluster_main([a for a in argv if a != "--cluster"])
     if "--backfill" in argv:
         from bench.backfill import main as backfill_main
 

@@ -9,7 +9,7 @@ and reports ``MEMORY USAGE`` of the index per row next to a row's own hash.
 Dead rows are made the way the driver makes them: enqueued with ``max_attempts=1``, claimed
 with a 1 ms lease, and buried by the next claim when the lease lapsed on the final attempt.
 
-Run: ``python packages/jobs-redis/bench/ls_index.py --rows 1000000`` (about 3 minutes and 1.5 GB
+Run: ``python packages/jobs-redis/bench/ls_index.py --rows 1000000`` (about 5 minutes and 1.2 GB
 of server memory for a million rows). Not a test: nothing here asserts a time.
 """
 

@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from jobs_redis import RedisDriver
+from jobs_redis import RedisDriver, is_cluster_url
 
 pytest_plugins = ["jobs_conformance.plugin"]
 
+# A ``redis+cluster://`` URL runs the same tests on a Redis Cluster (``nox -s cluster-redis``).
 REDIS_URL = os.environ.get("JOBS_REDIS_URL", "redis://127.0.0.1:6379/0")
 HERE = Path(__file__).parent
 # --import-mode=importlib puts no test directory on sys.path; the shared builders live here.
@@ -39,17 +40,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.redis)
 
 
+def sync_client(url: str, **options: object) -> redis.Redis | redis.RedisCluster:
+    """A blocking client for ``url``: a ``RedisCluster`` for a ``redis+cluster://`` URL."""
+    if is_cluster_url(url):
+        scheme, sep, rest = url.partition("://")
+        return redis.RedisCluster.from_url(scheme.removesuffix("+cluster") + sep + rest, **options)
+    return redis.Redis.from_url(url, **options)
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping()
+        sync_client(REDIS_URL, socket_connect_timeout=1).ping()
     except redis.RedisError as exc:
         pytest.fail(f"the Redis server at {REDIS_URL} does not answer ({exc}): start it", False)
     return REDIS_URL
 
 
 def drop_prefix(url: str, prefix: str) -> None:
-    client = redis.Redis.from_url(url)
+    client = sync_client(url)
+    # One prefix is one hash tag, so on a cluster its keys are all on one master.
     keys = list(client.scan_iter(match="{" + prefix + "}:*", count=1000))
     for i in range(0, len(keys), 1000):
         client.delete(*keys[i : i + 1000])

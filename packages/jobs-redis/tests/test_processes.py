@@ -11,15 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
 from jobs_core import JobState
 from jobs_core.ids import new_id
 from jobs_core.types import EnqueueRequest
-from jobs_redis import RedisDriver
+from jobs_redis import RedisDriver, open_client
 from redis_helpers import eventually
 
 APPS = Path(__file__).parent / "apps"
+
+# Also run on a Redis Cluster by ``nox -s cluster-redis`` (``-m "conformance or processes"``).
+pytestmark = pytest.mark.processes
 
 
 def spawn(url: str, prefix: str, app: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
@@ -89,7 +91,7 @@ async def test_four_worker_processes_run_ten_thousand_rows_exactly_once(
         stop(procs)
     [stats] = await driver.stats()
     assert (stats.ready, stats.running, stats.done, stats.dead) == (0, 0, total, 0)
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    client = open_client(redis_url, decode_responses=True)
     effects = await client.hgetall("{" + prefix + "}:effects")
     await client.aclose()
     assert len(effects) == total

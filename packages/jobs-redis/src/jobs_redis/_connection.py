@@ -28,6 +28,12 @@ Design notes (the alternatives that were rejected):
   run if only its reply was lost: every script is either fenced (settles, heartbeats, steps) or
   dedupes on ids (enqueue), and a claim whose reply was lost leaves rows leased to a worker that
   never heard of them, which lapse and are claimed again, as any lost reply does.
+* **A cluster is a URL scheme, not a second driver.** ``redis+cluster://host:port`` (or
+  ``rediss+cluster://``) builds redis-py's ``RedisCluster`` from that one seed node instead of a
+  ``Redis``; every script call names a key of the prefix's hash tag, so the cluster client
+  routes it to the master holding that slot, and nothing else changes. Its own retries are off
+  (as for a single server); a connection error makes it refresh its slot map, and the one
+  resend below goes to whatever master holds the slot now.
 * **A server's own error reply passes through** (``redis.exceptions.ResponseError``): it says
   something is wrong with the request or the server's state (``OOM``, ``READONLY``), not that the
   server is away, and retrying the call elsewhere would not help.
@@ -43,7 +49,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from jobs_core.errors import DriverUnavailableError
@@ -57,14 +63,71 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 """Errors meaning the server could not be reached or did not answer in time."""
 
+_MAYBE_UNAVAILABLE: tuple[type[BaseException], ...] = (*UNAVAILABLE, RedisClusterException)
+"""What :func:`_unreachable` sorts: an outage, or a cluster client's error that may be one."""
+
 T = TypeVar("T")
+
+Client = aioredis.Redis | aioredis.RedisCluster
+"""A client the driver calls through: one server, or a Redis Cluster."""
+
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+"""URL schemes naming a Redis Cluster seed node, and the plain scheme redis-py is given."""
+
+
+def is_cluster_url(url: str) -> bool:
+    """Answer whether ``url`` names a Redis Cluster (``redis+cluster://``/``rediss+cluster://``)."""
+    return url.partition("://")[0] in CLUSTER_SCHEMES
+
+
+async def prepare(client: Client) -> None:
+    """Load a cluster client's slot map if it has none yet (a no-op for one server).
+
+    redis-py's ``RedisCluster`` loads it on its first command, but a pub/sub made before any
+    command cannot route its ``SUBSCRIBE`` without it.
+
+    Raises:
+        redis.exceptions.ConnectionError: no seed node answered (the cluster cannot be reached).
+    """
+    if isinstance(client, aioredis.RedisCluster):
+        try:
+            await client.initialize()
+        except RedisClusterException as exc:
+            if _unreachable(exc):
+                raise RedisConnectionError(str(exc)) from exc
+            raise
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` means the server (or every cluster seed node) could not be reached."""
+    if isinstance(exc, UNAVAILABLE):
+        return True
+    # A cluster client that reached no seed node says so with its own exception type.
+    return isinstance(exc, RedisClusterException) and isinstance(exc.__cause__, UNAVAILABLE)
+
+
+def open_client(url: str, **options: Any) -> Client:
+    """Answer a redis-py asyncio client for ``url``: a ``RedisCluster`` for a cluster URL.
+
+    Args:
+        url: ``redis://``, ``rediss://``, or ``redis+cluster://host:port`` /
+            ``rediss+cluster://host:port`` (one seed node; the client finds the other masters).
+        **options: keywords for redis-py's ``from_url`` (``decode_responses=True`` and so on).
+
+    Nothing is dialled until the first command.
+    """
+    scheme, sep, rest = url.partition("://")
+    if scheme in CLUSTER_SCHEMES:
+        return aioredis.RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}", **options)
+    return aioredis.Redis.from_url(url, **options)
 
 
 class Connection:
     """The driver's clients (one per event loop) and its script calls.
 
     Args:
-        url: a ``redis://`` or ``rediss://`` URL.
+        url: a ``redis://`` or ``rediss://`` URL, or ``redis+cluster://``/``rediss+cluster://``
+            naming one seed node of a Redis Cluster.
         connect_timeout_s: how long dialling may take (seconds).
         command_timeout_s: how long one command may wait for its reply (seconds).
         given: a ready client the app built (it keeps its own connect, retry and pool
@@ -77,17 +140,17 @@ class Connection:
         url: str,
         connect_timeout_s: float,
         command_timeout_s: float,
-        given: aioredis.Redis | None = None,
+        given: Client | None = None,
     ) -> None:
         """Keep the settings; nothing is dialled until the first call."""
         self.url = url
         self._connect_timeout_s = connect_timeout_s
         self._command_timeout_s = command_timeout_s
-        self._clients: dict[asyncio.AbstractEventLoop, aioredis.Redis] = {}
+        self._clients: dict[asyncio.AbstractEventLoop, Client] = {}
         self._given = given
         self.closed = False
 
-    def client(self) -> aioredis.Redis:
+    def client(self) -> Client:
         """Answer the running loop's client, building it on first use.
 
         Raises:
@@ -102,7 +165,7 @@ class Connection:
         if client is None:
             for gone in [other for other in self._clients if other.is_closed()]:
                 del self._clients[gone]
-            client = aioredis.Redis.from_url(
+            client = open_client(
                 self.url,
                 decode_responses=True,
                 socket_connect_timeout=self._connect_timeout_s,
@@ -133,7 +196,7 @@ class Connection:
             return self.url
         return f"{scheme}{sep}***@{rest.rpartition('@')[2]}"
 
-    async def call(self, send: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
+    async def call(self, send: Callable[[Client], Awaitable[T]]) -> T:
         """Answer ``send(client)`` within the command timeout, sent again once on a failure.
 
         A connection error (a stale pooled connection the server closed) drops the pool's idle
@@ -147,13 +210,20 @@ class Connection:
         try:
             async with self.deadline():
                 try:
+                    await prepare(client)
                     return await send(client)
                 except RedisConnectionError:
                     # Every idle pooled connection predates the failure: drop them all, so
                     # the next command dials a fresh one instead of meeting another stale one.
-                    await client.connection_pool.disconnect(inuse_connections=False)
+                    # A cluster client has dropped the failed node's idle connections itself
+                    # and refreshes its slot map before the resend.
+                    if isinstance(client, aioredis.Redis):
+                        await client.connection_pool.disconnect(inuse_connections=False)
+                    await prepare(client)
                     return await send(client)
-        except UNAVAILABLE as exc:
+        except _MAYBE_UNAVAILABLE as exc:
+            if not _unreachable(exc):
+                raise
             raise self.unavailable(exc) from exc
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -164,7 +234,7 @@ class Connection:
             redis.exceptions.ResponseError: the server's own error reply, unmapped.
         """
 
-        async def send(client: aioredis.Redis) -> Any:
+        async def send(client: Client) -> Any:
             try:
                 return await _evalsha(client, script, keys, args)
             except NoScriptError:
@@ -186,7 +256,7 @@ class Connection:
             redis.exceptions.ResponseError: the server's own error reply, unmapped.
         """
 
-        async def send(client: aioredis.Redis) -> list[Any]:
+        async def send(client: Client) -> list[Any]:
             try:
                 return await _transaction(client, script, calls)
             except NoScriptError:
@@ -205,8 +275,11 @@ class Connection:
         try:
             for script in scripts:
                 async with self.deadline():
+                    await prepare(client)
                     await client.script_load(script.text)
-        except UNAVAILABLE as exc:
+        except _MAYBE_UNAVAILABLE as exc:
+            if not _unreachable(exc):
+                raise
             raise self.unavailable(exc) from exc
 
     async def close(self) -> None:
@@ -226,16 +299,16 @@ class Connection:
             await client.aclose()
 
 
-async def _evalsha(
-    client: aioredis.Redis, script: Script, keys: Sequence[str], args: Sequence[Any]
-) -> Any:
+async def _evalsha(client: Client, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
     return await client.evalsha(script.sha, len(keys), *keys, *args)
 
 
 async def _transaction(
-    client: aioredis.Redis, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    client: Client, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
 ) -> list[Any]:
     async with client.pipeline(transaction=True) as pipe:
         for keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            # redis-py's cluster pipeline blocks its ``evalsha`` method; the raw command is
+            # the same EVALSHA, and every call's keys share the prefix's slot.
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
         return await pipe.execute()

@@ -94,7 +94,7 @@ from jobs_redis._codec import (
     to_us,
     unopt,
 )
-from jobs_redis._connection import UNAVAILABLE, Connection
+from jobs_redis._connection import CLUSTER_SCHEMES, UNAVAILABLE, Client, Connection, prepare
 from jobs_redis._introspect import RedisIntrospector
 from jobs_redis._records import decode_steps, pairs, record_text
 from jobs_redis._retention import RedisRetentionStore
@@ -554,6 +554,7 @@ class RedisWakeSource:
             pubsub = client.pubsub()
             try:
                 async with self._s.conn.deadline():
+                    await prepare(client)
                     await pubsub.subscribe(self._s.keys.wake)
                     # Wakes published while we were away are lost: announce every queue once.
                     missed = await client.smembers(self._s.keys.queues) if gap else set()
@@ -608,16 +609,27 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 """Where a driver given neither a URL nor a client, with ``REDIS_URL`` unset, connects."""
 
 
-def _given_client(client: aioredis.Redis) -> str:
+def _given_client(client: Client) -> str:
     """Check an app's client and answer a URL naming its server (no password) for messages.
 
     Raises:
         DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` when the client is not an
-            asyncio ``redis.asyncio.Redis`` decoding replies to text.
+            asyncio ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` decoding replies
+            to text.
     """
+    if isinstance(client, aioredis.RedisCluster):
+        if not client.get_encoder().decode_responses:
+            raise DriverRequestInvalidError(
+                "client: build it with decode_responses=True (the driver reads replies as text)",
+                option="client",
+            )
+        seed = client.get_nodes()[0] if client.get_nodes() else None
+        where = f"{seed.host}:{seed.port}" if seed is not None else "?"
+        return f"redis+cluster://{where}"
     if not isinstance(client, aioredis.Redis):
         raise DriverRequestInvalidError(
-            f"client: a redis.asyncio.Redis, not {type(client).__name__}", option="client"
+            f"client: a redis.asyncio.Redis or RedisCluster, not {type(client).__name__}",
+            option="client",
         )
     kwargs = client.connection_pool.connection_kwargs
     if not kwargs.get("decode_responses"):
@@ -632,9 +644,16 @@ def _given_client(client: aioredis.Redis) -> str:
 
 
 def _check_url(url: str) -> str:
-    if urlsplit(url).scheme not in ("redis", "rediss"):
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", *CLUSTER_SCHEMES):
         raise DriverRequestInvalidError(
-            f"the redis driver takes a redis:// or rediss:// URL, not {url!r}", url=url
+            "the redis driver takes a redis://, rediss://, redis+cluster:// or rediss+cluster:// "
+            f"URL, not {url!r}",
+            url=url,
+        )
+    if parts.scheme in CLUSTER_SCHEMES and parts.path.strip("/") not in ("", "0"):
+        raise DriverRequestInvalidError(
+            f"a Redis Cluster has only database 0, not {parts.path.strip('/')!r}", url=url
         )
     return url
 
@@ -718,9 +737,12 @@ class RedisDriver:
         done_ttl_ms: how long a ``done`` row and its steps are kept (0: forever).
 
     Args:
-        url: ``redis://[:password@]host[:port][/db]`` or ``rediss://…`` (TLS); ``None`` reads
+        url: ``redis://[:password@]host[:port][/db]`` or ``rediss://…`` (TLS), or
+            ``redis+cluster://[:password@]host:port`` / ``rediss+cluster://…`` naming one seed
+            node of a Redis Cluster (redis-py's ``RedisCluster`` finds the rest); ``None`` reads
             ``REDIS_URL``, else :data:`DEFAULT_URL`.
-        client: a ready ``redis.asyncio.Redis`` (built with ``decode_responses=True``) to use
+        client: a ready ``redis.asyncio.Redis`` or ``RedisCluster`` (built with
+            ``decode_responses=True``) to use
             instead of a URL: it keeps its own connect, retry and pool behaviour, and a call made
             while its server is away still raises ``X_DRIVER_UNAVAILABLE``. Use it from the event
             loop it belongs to; :meth:`close` leaves it open (the app owns it).
@@ -748,7 +770,7 @@ class RedisDriver:
         self,
         url: str | None = None,
         *,
-        client: aioredis.Redis | None = None,
+        client: Client | None = None,
         prefix: str = "jobs",
         done_ttl: Duration = "7d",
         connect_timeout: Duration = "500ms",
@@ -790,7 +812,7 @@ class RedisDriver:
         cls,
         url: str | None = None,
         *,
-        client: aioredis.Redis | None = None,
+        client: Client | None = None,
         prefix: str = "jobs",
         done_ttl: Duration = "7d",
         connect_timeout: Duration = "500ms",
@@ -1131,13 +1153,15 @@ _OPTIONS = ("prefix", "done_ttl", "connect_timeout", "command_timeout")
 def open_redis_driver(url: str, **options: Any) -> RedisDriver:
     """Open a Redis driver (the ``jobs.drivers`` entry point for ``redis`` and ``rediss``).
 
+    ``redis+cluster`` and ``rediss+cluster`` name the same function, for a Redis Cluster.
+
     Nothing is dialled here (the call is synchronous); the first operation connects, and scripts
     load on first use. The driver's options may ride in the URL's query, so a command line that
     takes only ``--driver URL`` can set them:
     ``redis://127.0.0.1:6379/0?prefix=shop&done_ttl=1d``. Other query parameters go to redis-py.
 
     Args:
-        url: ``redis://…`` or ``rediss://…``.
+        url: ``redis://…``, ``rediss://…``, ``redis+cluster://…`` or ``rediss+cluster://…``.
         **options: ``prefix``, ``done_ttl``, ``connect_timeout``, ``command_timeout`` (see
             :class:`RedisDriver`) and nothing else.
 
