@@ -60,7 +60,7 @@ DECLARED_TABLES = {
         "tenant_id text, max_attempts int4!, run_id uuid!, run_at timestamptz!,"
         "traceparent text, enqueued_by text, staged_at timestamptz!, claimed_at timestamptz,"
         "claimed_by text, claim_expires_at timestamptz, published_at timestamptz,"
-        "order_key text"
+        "order_key text, priority int2!"
     ),
     "paused_queues": ("queue text!, paused_at timestamptz!"),
     "paused_tasks": ("task text!, paused_at timestamptz!"),

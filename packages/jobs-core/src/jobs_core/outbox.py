@@ -205,14 +205,13 @@ def _checked(driver: JobDriver, reqs: Sequence[EnqueueRequest]) -> JobDriver:
 
 
 def _refuse_staged_flow(req: EnqueueRequest) -> None:
-    """Refuse priority and debounce on a staged enqueue: the outbox row does not carry them."""
-    for option, used in (("priority", req.priority != 0), ("debounce", req.debounce_ms)):
-        if used:
-            raise JobOptionsInvalidError(
-                f"{option}: a staged (outbox) enqueue does not carry it yet; enqueue with "
-                "outbox=False, or leave it out",
-                option=option,
-            )
+    """Refuse debounce on a staged enqueue: it acts on the queue's waiting row at enqueue time."""
+    if req.debounce_ms is not None:
+        raise JobOptionsInvalidError(
+            "debounce: a staged (outbox) enqueue cannot debounce (it replaces a waiting row when "
+            "it is queued, not when the relay publishes); enqueue with outbox=False",
+            option="debounce",
+        )
 
 
 async def submit_one(req: EnqueueRequest, outbox: Any, *, staged_ok: bool) -> EnqueueResult:

@@ -110,6 +110,7 @@ def request_arrays(reqs: Sequence[EnqueueRequest]) -> dict[str, list[Any]]:
             "traceparents",
             "enqueued_bys",
             "order_keys",
+            "priorities",
         )
     }
     for req in reqs:
@@ -127,6 +128,7 @@ def request_arrays(reqs: Sequence[EnqueueRequest]) -> dict[str, list[Any]]:
         arrays["traceparents"].append(text_value(req.traceparent, "traceparent"))
         arrays["enqueued_bys"].append(text_value(req.enqueued_by, "enqueued_by"))
         arrays["order_keys"].append(text_value(req.order_key, "order_key"))
+        arrays["priorities"].append(req.priority)
     return arrays
 
 

@@ -783,18 +783,18 @@ SELECT count(*) FROM purged
 -- here, so the relay publishes the instant the caller asked for.
 INSERT INTO {schema}.outbox (
     id, name, queue, input, idempotency_key, tenant_id, max_attempts, run_id, run_at,
-    traceparent, enqueued_by, order_key, staged_at
+    traceparent, enqueued_by, order_key, staged_at, priority
 )
 SELECT r.id, r.name, r.queue, r.input::jsonb, r.idempotency_key, r.tenant_id, r.max_attempts,
        r.run_id, greatest(coalesce(r.run_at, {now} + r.delay_ms * interval '1 millisecond'), {now}),
-       r.traceparent, r.enqueued_by, r.order_key, {now}
+       r.traceparent, r.enqueued_by, r.order_key, {now}, r.priority
 FROM unnest(
     %(ids)s::uuid[], %(run_ids)s::uuid[], %(names)s::text[], %(queues)s::text[],
     %(inputs)s::text[], %(keys)s::text[], %(tenants)s::text[], %(max_attempts)s::int[],
     %(run_ats)s::timestamptz[], %(delays)s::bigint[], %(traceparents)s::text[],
-    %(enqueued_bys)s::text[], %(order_keys)s::text[]
+    %(enqueued_bys)s::text[], %(order_keys)s::text[], %(priorities)s::smallint[]
 ) WITH ORDINALITY AS r(id, run_id, name, queue, input, idempotency_key, tenant_id, max_attempts,
-                       run_at, delay_ms, traceparent, enqueued_by, order_key, ord)
+                       run_at, delay_ms, traceparent, enqueued_by, order_key, priority, ord)
 ORDER BY r.ord
 
 -- name: outbox_claim_lock
@@ -834,7 +834,7 @@ SET claimed_at = {now}, claimed_by = %(token)s,
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.name, o.queue, o.input, o.idempotency_key, o.tenant_id, o.max_attempts,
-          o.run_id, o.run_at, o.traceparent, o.enqueued_by, o.staged_at, o.order_key
+          o.run_id, o.run_at, o.traceparent, o.enqueued_by, o.staged_at, o.order_key, o.priority
 
 -- name: outbox_release
 UPDATE {schema}.outbox

@@ -7,6 +7,8 @@
 -- catalog-only change, no table rewrite.
 ALTER TABLE {schema}.jobs ADD COLUMN priority smallint NOT NULL DEFAULT 0;
 ALTER TABLE {schema}.jobs ADD COLUMN debounced boolean NOT NULL DEFAULT false;
+-- A staged enqueue keeps its priority until the relay publishes it.
+ALTER TABLE {schema}.outbox ADD COLUMN priority smallint NOT NULL DEFAULT 0;
 
 -- The claim index leads with priority: a claim walks each priority's due rows in (run_at, seq)
 -- order, lowest priority first (claim_waiting() below), replacing 0001's (queue, run_at, seq).
