@@ -152,6 +152,23 @@ class Target:
             f"{capability!r} capability (describe() lists it as missing)"
         )
 
+    def require_flag(self, capability: str) -> None:
+        """Report the test NOT APPLICABLE unless the driver declares flag ``capability``.
+
+        A flag (``priority``, ``debounce``: :data:`jobs_core.driver.FLAG_CAPABILITIES`) is
+        behaviour of ``enqueue``/``claim``, not a store, so nothing else is checked.
+        """
+        if capability in self.driver.capabilities:
+            return
+        described = self.driver.describe()
+        assert capability not in described.get("capabilities", ()), (
+            f"{self.driver.name}: describe() lists {capability!r} but capabilities does not"
+        )
+        pytest.skip(
+            f"NOT APPLICABLE: the {self.driver.name} driver does not declare the "
+            f"{capability!r} capability (describe() lists it as missing)"
+        )
+
     async def close(self) -> None:
         """Close the driver (drivers from :meth:`another` are closed by :meth:`release`)."""
         await self.driver.close()
@@ -169,6 +186,9 @@ def request(
     payload: JSONValue = None,
     job_id: UUID | None = None,
     run_id: UUID | None = None,
+    priority: int = 0,
+    debounce_ms: int | None = None,
+    debounce_max_ms: int | None = None,
 ) -> EnqueueRequest:
     """Answer an enqueue request with fresh ids unless given (the input defaults to the key).
 
@@ -183,6 +203,9 @@ def request(
         payload: the input (default ``{"key": key}``).
         job_id: an explicit job id.
         run_id: an explicit run id.
+        priority: the claim priority (lower first).
+        debounce_ms: debounce window (a debounced enqueue).
+        debounce_max_ms: cap of a debounced row's total wait.
     """
     return EnqueueRequest(
         name=name,
@@ -197,6 +220,9 @@ def request(
         delay_ms=delay_ms,
         traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         enqueued_by="conformance",
+        priority=priority,
+        debounce_ms=debounce_ms,
+        debounce_max_ms=debounce_max_ms,
     )
 
 

@@ -132,6 +132,8 @@ async def test_protocols_capabilities_and_describe(mem: MemoryDriver) -> None:
         "outbox",
         "backfills",
         "retention",
+        "priority",
+        "debounce",
     }
     assert isinstance(mem.outbox, OutboxStore)
     assert isinstance(mem.backfills, BackfillLedger)

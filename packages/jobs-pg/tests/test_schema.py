@@ -48,7 +48,7 @@ DECLARED_TABLES = {
         "run_at timestamptz!, visible_at timestamptz, claimed_by text, claim int4!,"
         "wake_pending bool!, last_error text, last_error_code text, last_error_stack text,"
         "result jsonb, progress jsonb, traceparent text, enqueued_by text, created_at timestamptz!,"
-        "updated_at timestamptz!"
+        "updated_at timestamptz!, priority int2!, debounced bool!"
     ),
     "leases": (
         "lease_key text!, slot int4!, holder text!, expires_at timestamptz!,"
@@ -60,7 +60,7 @@ DECLARED_TABLES = {
         "tenant_id text, max_attempts int4!, run_id uuid!, run_at timestamptz!,"
         "traceparent text, enqueued_by text, staged_at timestamptz!, claimed_at timestamptz,"
         "claimed_by text, claim_expires_at timestamptz, published_at timestamptz,"
-        "order_key text"
+        "order_key text, priority int2!"
     ),
     "paused_queues": ("queue text!, paused_at timestamptz!"),
     "paused_tasks": ("task text!, paused_at timestamptz!"),
@@ -81,8 +81,9 @@ DECLARED_TABLES = {
 
 DECLARED_INDEXES = {
     "jobs_live_key": "UNIQUE (name, COALESCE(tenant_id, ''::text), idempotency_key) WHERE "
-    "(state = ANY (ARRAY['ready'::text, 'delayed'::text, 'running'::text, 'suspended'::text]))",
-    "jobs_claim": "(queue, run_at, seq) WHERE "
+    "((state = ANY (ARRAY['ready'::text, 'delayed'::text, 'running'::text, 'suspended'::text])) "
+    "AND (NOT (debounced AND (claim > 0))))",
+    "jobs_claim": "(queue, priority, run_at, seq) WHERE "
     "(state = ANY (ARRAY['ready'::text, 'delayed'::text, 'suspended'::text]))",
     "jobs_lapse": "(visible_at) WHERE (state = 'running'::text)",
     "jobs_listing": "(created_at, id)",
@@ -132,7 +133,13 @@ async def test_the_migrated_schema_is_the_declared_one(pg_url: str, migrated: st
     primary = {name for name in indexes if name.endswith("_pkey")}
     assert set(indexes) == set(DECLARED_INDEXES) | primary
     assert primary == {f"{table}_pkey" for table in DECLARED_TABLES}
-    assert sorted(functions) == ["claim_waiting", "run_id_taken", "wake", "wake_arm"]
+    assert sorted(functions) == [
+        "claim_waiting",
+        "first_waiting",
+        "run_id_taken",
+        "wake",
+        "wake_arm",
+    ]
 
 
 async def test_autovacuum_visits_the_jobs_and_steps_tables_early(

@@ -83,6 +83,8 @@ async def test_protocols_capabilities_and_describe(driver: RedisDriver) -> None:
         "scheduler_state",
         "leader",
         "workers",
+        "priority",
+        "debounce",
     }
     described = driver.describe()
     assert described["capabilities"] == sorted(driver.capabilities)

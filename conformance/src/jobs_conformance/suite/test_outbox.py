@@ -192,3 +192,18 @@ async def test_a_relay_after_a_crash_publishes_the_dead_relays_rows_first(
     assert driver.calls == [[r.id for r in reqs]], "one publish, in staging order"
     assert await successor.run_once() == 0
     assert state_counts(await target.driver.stats()) == {"ready": 6}
+
+
+async def test_a_staged_row_keeps_its_priority(
+    target: Target, outbox_transaction: Callable[[], Any] | None
+) -> None:
+    """A claimed outbox row answers the priority it was staged with (issue 24)."""
+    store = _outbox(target, outbox_transaction)
+    assert outbox_transaction is not None
+    async with outbox_transaction() as tx:
+        await _stage_all(store, [request("p", priority=-4), request("q")], tx)
+    claimed = await store.claim(OutboxClaim("r1", 10, 30_000))
+    assert [(row.request.idempotency_key, row.request.priority) for row in claimed] == [
+        ("p", -4),
+        ("q", 0),
+    ]

@@ -61,6 +61,7 @@ from jobs_core.outbox import (
     uninstall_outbox,
     use_outbox,
 )
+from jobs_core.priority import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
 from jobs_core.retry import Retry, retry_schedule
 from jobs_core.scheduler import Scheduler
 from jobs_core.steps import Step, SyncStep
@@ -100,6 +101,7 @@ __all__ = [
     "DEFAULT_BACKFILL_BATCH",
     "DEFAULT_BACKFILL_RATE",
     "DEFAULT_EVENT_POLL_MS",
+    "DEFAULT_PRIORITY",
     "DEFAULT_PURGE_CRON",
     "LIVE_STATES",
     "MAX_COUNTER_ROWS",
@@ -107,6 +109,8 @@ __all__ = [
     "MAX_JOB_PAGE",
     "MAX_WORKER_IN_FLIGHT",
     "ON_SETTLED_TIMEOUT_MS",
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
     "PROGRESS_INTERVAL_MS",
     "REGISTRY",
     "REQUEUEABLE_STATES",

@@ -318,6 +318,7 @@ def _show(view: JobView) -> None:
         ("queue", job.queue),
         ("state", job.state.value),
         ("attempt", _attempt(job)),
+        ("priority", str(job.priority)),
         ("run", str(job.run_id)),
         ("tenant", job.tenant_id or ""),
         ("key", job.idempotency_key),

@@ -33,6 +33,7 @@ from jobs_core.errors import (
     JobRunIdTakenError,
     NotImplementedByDriverError,
 )
+from jobs_core.priority import PRIORITY_MAX, PRIORITY_MIN
 from jobs_core.serialization import text_problem
 from jobs_core.types import (
     LIVE_STATES,
@@ -78,8 +79,41 @@ CAPABILITIES: tuple[str, ...] = (
     "workers",
     "counters",
     "retention",
+    "priority",
+    "debounce",
 )
-"""Every optional capability a driver may declare, by attribute name."""
+"""Every optional capability a driver may declare: a store's attribute name, or a flag."""
+
+FLAG_CAPABILITIES: frozenset[str] = frozenset({"priority", "debounce"})
+"""Capabilities that are behaviour of ``enqueue``/``claim``, not a store: ``priority`` (the claim
+takes lower ``EnqueueRequest.priority`` first within a queue, FIFO within one priority) and
+``debounce`` (``EnqueueRequest.debounce_ms`` replaces a waiting row's input and pushes its run
+time out). :func:`capability` answers ``True`` for a declared flag."""
+
+
+def check_request_capabilities(driver: JobDriver, req: EnqueueRequest) -> None:
+    """Refuse a request that needs a flag capability ``driver`` does not declare.
+
+    Called before a request reaches ``driver.enqueue``/``enqueue_many``, so a driver that does
+    not know a field never drops it silently.
+
+    Raises:
+        NotImplementedByDriverError: ``X_NOT_IMPLEMENTED`` for a non-zero ``priority`` without
+            the ``priority`` capability, or a ``debounce_ms`` without ``debounce``.
+    """
+    if req.priority and "priority" not in driver.capabilities:
+        raise NotImplementedByDriverError(
+            f"priority={req.priority}: the {driver.name} driver does not carry the 'priority' "
+            "capability",
+            driver=driver.name,
+            capability="priority",
+        )
+    if req.debounce_ms is not None and "debounce" not in driver.capabilities:
+        raise NotImplementedByDriverError(
+            f"debounce: the {driver.name} driver does not carry the 'debounce' capability",
+            driver=driver.name,
+            capability="debounce",
+        )
 
 
 def check_enqueue_request(req: EnqueueRequest) -> None:
@@ -89,7 +123,8 @@ def check_enqueue_request(req: EnqueueRequest) -> None:
         DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty ``name``,
             ``queue`` or ``idempotency_key`` (all named in ``fields``), ``max_attempts`` below 1,
             or text holding U+0000 or a lone surrogate (Postgres refuses both; no UTF-8 encodes
-            a surrogate, so Redis's client could not send it), naming the field.
+            a surrogate, so Redis's client could not send it), naming the field; a
+            ``priority`` outside ``PRIORITY_MIN..PRIORITY_MAX`` or a ``debounce_ms`` below 1.
     """
     # One string, one scan: the common case (plain ASCII text) costs ~0.1 µs.
     joined = (
@@ -101,6 +136,8 @@ def check_enqueue_request(req: EnqueueRequest) -> None:
         and req.queue
         and req.idempotency_key
         and req.max_attempts >= 1
+        and PRIORITY_MIN <= req.priority <= PRIORITY_MAX
+        and (req.debounce_ms is None or req.debounce_ms > 0)
         and joined.isascii()
         and "\x00" not in joined
     ):
@@ -121,6 +158,16 @@ def check_enqueue_request(req: EnqueueRequest) -> None:
     if req.max_attempts < 1:
         raise DriverRequestInvalidError(
             f"max_attempts must be >= 1, got {req.max_attempts}", job=req.name
+        )
+    if not PRIORITY_MIN <= req.priority <= PRIORITY_MAX:
+        raise DriverRequestInvalidError(
+            f"priority must be within {PRIORITY_MIN}..{PRIORITY_MAX}, got {req.priority}",
+            field="priority",
+            job=req.name,
+        )
+    if req.debounce_ms is not None and req.debounce_ms <= 0:
+        raise DriverRequestInvalidError(
+            f"debounce_ms must be > 0, got {req.debounce_ms}", field="debounce_ms", job=req.name
         )
     for what, text in (
         ("name", req.name),
@@ -950,6 +997,8 @@ def capability(driver: JobDriver, name: str) -> Any | None:
     """
     if name not in driver.capabilities:
         return None
+    if name in FLAG_CAPABILITIES:
+        return True
     return getattr(driver, name, None)
 
 

@@ -24,6 +24,7 @@ from jobs_core._current import current_driver, run_sync
 from jobs_core._durations import Duration, duration_problem, parse_duration
 from jobs_core._inputs import check_texts, issue_text, round_trips, stored_input
 from jobs_core._tracing import current_traceparent
+from jobs_core.debounce import debounce_options
 from jobs_core.errors import (
     EnqueueBatchTooLargeError,
     IdempotencyRequiredError,
@@ -37,6 +38,7 @@ from jobs_core.errors import (
 from jobs_core.ids import new_id
 from jobs_core.limits import Concurrency
 from jobs_core.outbox import submit_many, submit_one
+from jobs_core.priority import DEFAULT_PRIORITY, check_priority, priority_problem
 from jobs_core.retry import Retry
 from jobs_core.tenancy import Actor, crossing_reason, current_actor
 from jobs_core.types import (
@@ -182,6 +184,7 @@ class JobHandle(Generic[I, R]):
         on_settled_timeout_ms: int,
         registry: JobRegistry,
         declared_at: tuple[str, int] | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> None:
         """Hold a validated declaration (use :func:`job`, which validates).
 
@@ -213,6 +216,7 @@ class JobHandle(Generic[I, R]):
         self.compensates = compensates
         self.on_settled = on_settled
         self.on_settled_timeout_ms = on_settled_timeout_ms
+        self.priority = priority
         self.is_async = inspect.iscoroutinefunction(body)
         self.registry = registry
         functools.update_wrapper(self, body)
@@ -279,6 +283,9 @@ class JobHandle(Generic[I, R]):
         actor: Actor | None = None,
         job_id: UUID | None = None,
         order_key: str | None = None,
+        priority: int | None = None,
+        debounce: Duration | None = None,
+        debounce_max: Duration | None = None,
     ) -> EnqueueRequest:
         """Validate one enqueue and answer the request a driver receives; writes nothing.
 
@@ -292,6 +299,9 @@ class JobHandle(Generic[I, R]):
             actor: the actor of :meth:`enqueue_as`.
             job_id: the job id to use (the outbox allocates it at stage time).
             order_key: the outbox lane (see :meth:`enqueue`).
+            priority: override the declared priority (see :mod:`jobs_core.priority`).
+            debounce: debounce window (see :meth:`enqueue`); exclusive with ``run_at``/``delay``.
+            debounce_max: cap on a debounced row's total wait (needs ``debounce``).
 
         Raises:
             JobInputInvalidError: ``X_JOB_INPUT_INVALID``.
@@ -322,6 +332,14 @@ class JobHandle(Generic[I, R]):
                 option="actor",
             )
         delay_ms, run_at = _timing(run_at, delay)
+        row_priority = self.priority if priority is None else check_priority(priority)
+        debounce_ms, debounce_max_ms = debounce_options(debounce, debounce_max)
+        if debounce_ms is not None and (run_at is not None or delay_ms):
+            raise JobOptionsInvalidError(
+                "debounce: exclusive with run_at and delay (a debounced row runs debounce after "
+                "the last enqueue)",
+                option="debounce",
+            )
         target_queue = self.queue if queue is None else queue
         if not isinstance(target_queue, str) or not target_queue.strip() or _NUL in target_queue:
             raise JobOptionsInvalidError(
@@ -364,6 +382,9 @@ class JobHandle(Generic[I, R]):
             traceparent=current_traceparent(),
             enqueued_by=enqueued_by,
             order_key=order_key,
+            priority=row_priority,
+            debounce_ms=debounce_ms,
+            debounce_max_ms=debounce_max_ms,
         )
 
     def _check_tenant(
@@ -424,6 +445,9 @@ class JobHandle(Generic[I, R]):
         on_conflict: OnConflict = "dedupe",
         outbox: Any = None,
         order_key: str | None = None,
+        priority: int | None = None,
+        debounce: Duration | None = None,
+        debounce_max: Duration | None = None,
     ) -> EnqueueResult:
         """Queue one run of this job on the installed driver, or stage it in the outbox.
 
@@ -443,6 +467,15 @@ class JobHandle(Generic[I, R]):
             order_key: for a staged enqueue, its outbox lane: rows sharing a key are published
                 in staging order even by relays running side by side (``Relay(exclusive=
                 False)``); rows without one share one lane. Ignored when queued directly.
+            priority: override the job's priority for this row: an int from -32768 to 32767,
+                lower runs first (:mod:`jobs_core.priority`); needs a driver with the
+                ``priority`` capability unless it is 0.
+            debounce: debounce this enqueue (``"30s"``, ``timedelta``, int ms): the row runs
+                this long after the last enqueue of its key, with the last input, as long as it
+                has not been claimed yet (:mod:`jobs_core.debounce`); exclusive with ``run_at``
+                and ``delay``, refused with ``on_conflict="error"`` and in an outbox
+                transaction; needs a driver with the ``debounce`` capability.
+            debounce_max: cap the total wait of a debounced row from its first enqueue.
 
         Returns:
             ``EnqueueResult(id, run_id, deduped)``. A staged enqueue answers the ids the job
@@ -469,6 +502,9 @@ class JobHandle(Generic[I, R]):
             tenant_id=tenant_id,
             run_id=run_id,
             order_key=order_key,
+            priority=priority,
+            debounce=debounce,
+            debounce_max=debounce_max,
         )
 
     async def enqueue_as(
@@ -483,6 +519,9 @@ class JobHandle(Generic[I, R]):
         on_conflict: OnConflict = "dedupe",
         outbox: Any = None,
         order_key: str | None = None,
+        priority: int | None = None,
+        debounce: Duration | None = None,
+        debounce_max: Duration | None = None,
     ) -> EnqueueResult:
         """Queue on behalf of ``actor``: tenant from ``actor.org_id``, ``enqueued_by`` its id.
 
@@ -499,6 +538,9 @@ class JobHandle(Generic[I, R]):
             run_id=run_id,
             actor=actor,
             order_key=order_key,
+            priority=priority,
+            debounce=debounce,
+            debounce_max=debounce_max,
         )
 
     def enqueue_sync(
@@ -513,6 +555,9 @@ class JobHandle(Generic[I, R]):
         on_conflict: OnConflict = "dedupe",
         outbox: Any = None,
         order_key: str | None = None,
+        priority: int | None = None,
+        debounce: Duration | None = None,
+        debounce_max: Duration | None = None,
     ) -> EnqueueResult:
         """:meth:`enqueue` for synchronous code (a sync body, a script, a sync web view).
 
@@ -536,6 +581,9 @@ class JobHandle(Generic[I, R]):
                 on_conflict=on_conflict,
                 outbox=outbox,
                 order_key=order_key,
+                priority=priority,
+                debounce=debounce,
+                debounce_max=debounce_max,
             )
         )
 
@@ -550,6 +598,7 @@ class JobHandle(Generic[I, R]):
         on_conflict: OnConflict = "dedupe",
         outbox: Any = None,
         order_key: str | None = None,
+        priority: int | None = None,
     ) -> list[EnqueueResult]:
         """:meth:`enqueue_many` for synchronous code, on the portal loop as :meth:`enqueue_sync`.
 
@@ -569,6 +618,7 @@ class JobHandle(Generic[I, R]):
                 on_conflict=on_conflict,
                 outbox=outbox,
                 order_key=order_key,
+                priority=priority,
             )
         )
 
@@ -582,6 +632,12 @@ class JobHandle(Generic[I, R]):
             )
         # Validated (tenant, key, input) before anything is staged or queued.
         req = self.build_request(input, **options)
+        if req.debounce_ms is not None and on_conflict == "error":
+            raise JobOptionsInvalidError(
+                "debounce: a debounced enqueue meets its waiting row on purpose; use "
+                "on_conflict='dedupe'",
+                option="debounce",
+            )
         result = await submit_one(req, outbox, staged_ok=on_conflict == "dedupe")
         if result.deduped and on_conflict == "error":
             raise JobDuplicateError(
@@ -603,6 +659,7 @@ class JobHandle(Generic[I, R]):
         on_conflict: OnConflict = "dedupe",
         outbox: Any = None,
         order_key: str | None = None,
+        priority: int | None = None,
     ) -> list[EnqueueResult]:
         """Queue many runs of this job: one driver round trip per 1,000 inputs.
 
@@ -614,7 +671,8 @@ class JobHandle(Generic[I, R]):
         one ``stage_many``: each input answers its future job ids with ``deduped=False``, except
         one repeating an earlier input's key, which answers that input's ids with
         ``deduped=True``; whether a live row already holds a key is known only at publish.
-        ``order_key`` names the batch's outbox lane, as in :meth:`enqueue`.
+        ``order_key`` names the batch's outbox lane and ``priority`` every row's priority, as in
+        :meth:`enqueue` (``debounce`` is per enqueue only).
 
         Raises:
             EnqueueBatchTooLargeError: ``X_JOB_ENQUEUE_BATCH_TOO_LARGE`` above
@@ -646,6 +704,7 @@ class JobHandle(Generic[I, R]):
                         queue=queue,
                         tenant_id=tenant_id,
                         order_key=order_key,
+                        priority=priority,
                     )
                 )
             except Exception as exc:
@@ -690,6 +749,7 @@ class JobHandle(Generic[I, R]):
             "compensates": self.compensates,
             "on_settled": self.on_settled is not None,
             "sync_body": not self.is_async,
+            "priority": self.priority,
         }
 
     async def run_inline(self, input: I | JSONValue) -> R:
@@ -873,6 +933,7 @@ def job(
     on_settled_timeout: Duration = ON_SETTLED_TIMEOUT_MS,
     registry: JobRegistry | None = None,
     declared_at: tuple[str, int] | None = None,
+    priority: int = DEFAULT_PRIORITY,
 ) -> Callable[[Callable[..., Any]], JobHandle[Any, Any]]:
     """Declare a job; decorate ``async def body(input, step, ctx)`` (or a plain ``def``).
 
@@ -902,6 +963,9 @@ def job(
         declared_at: ``(file, line)`` of the declaration, for a factory over ``job()`` whose jobs
             share one body: :func:`declaration_site` of the factory's caller. Default: the
             body's own location.
+        priority: the rows' default claim priority, an int from -32768 to 32767, lower runs
+            first (default 0; see :mod:`jobs_core.priority`); ``enqueue(priority=...)``
+            overrides it per row.
 
     Returns:
         A decorator answering the :class:`JobHandle`.
@@ -979,6 +1043,9 @@ def job(
             and isinstance(declared_at[1], int)
         ):
             problems.append("declared_at: must be (file, line), e.g. declaration_site()")
+        bad_priority = priority_problem(priority)
+        if bad_priority is not None:
+            problems.append(bad_priority)
         shape = _body_shape(body)
         if isinstance(shape, str):
             problems.append(shape)
@@ -1014,6 +1081,7 @@ def job(
             on_settled_timeout_ms=settled_timeout_ms or ON_SETTLED_TIMEOUT_MS,
             registry=registry if isinstance(registry, JobRegistry) else REGISTRY,
             declared_at=declared_at,
+            priority=priority,
         )
         handle.registry.register(handle)
         return handle

@@ -46,7 +46,13 @@ from uuid import uuid4
 
 from jobs_core._current import call_driver
 from jobs_core._durations import Duration, parse_duration
-from jobs_core.driver import JobDriver, LeaderLease, OutboxStageMany, OutboxStore
+from jobs_core.driver import (
+    JobDriver,
+    LeaderLease,
+    OutboxStageMany,
+    OutboxStore,
+    check_request_capabilities,
+)
 from jobs_core.drivers.memory_outbox import MemoryOutboxStore, MemoryTransaction
 from jobs_core.errors import (
     JobOptionsInvalidError,
@@ -191,6 +197,23 @@ def _staging_target(outbox: Any) -> tuple[OutboxStore, Any] | None:
     return None
 
 
+def _checked(driver: JobDriver, reqs: Sequence[EnqueueRequest]) -> JobDriver:
+    """Answer ``driver`` once it carries the capabilities every request of ``reqs`` needs."""
+    for req in reqs:
+        check_request_capabilities(driver, req)
+    return driver
+
+
+def _refuse_staged_flow(req: EnqueueRequest) -> None:
+    """Refuse debounce on a staged enqueue: it acts on the queue's waiting row at enqueue time."""
+    if req.debounce_ms is not None:
+        raise JobOptionsInvalidError(
+            "debounce: a staged (outbox) enqueue cannot debounce (it replaces a waiting row when "
+            "it is queued, not when the relay publishes); enqueue with outbox=False",
+            option="debounce",
+        )
+
+
 async def submit_one(req: EnqueueRequest, outbox: Any, *, staged_ok: bool) -> EnqueueResult:
     """Stage ``req`` or queue it on the current driver, as :func:`install_outbox` says.
 
@@ -211,7 +234,8 @@ async def submit_one(req: EnqueueRequest, outbox: Any, *, staged_ok: bool) -> En
     """
     target = _staging_target(outbox)
     if target is None:
-        return await call_driver(lambda driver: driver.enqueue(req))
+        return await call_driver(lambda driver: _checked(driver, [req]).enqueue(req))
+    _refuse_staged_flow(req)
     if not staged_ok:
         raise JobOptionsInvalidError(
             "on_conflict: 'error' cannot be honoured inside an outbox transaction (a live "
@@ -240,7 +264,9 @@ async def submit_many(reqs: Sequence[EnqueueRequest], outbox: Any) -> list[Enque
     """
     target = _staging_target(outbox)
     if target is None:
-        return await call_driver(lambda driver: driver.enqueue_many(reqs))
+        return await call_driver(lambda driver: _checked(driver, reqs).enqueue_many(reqs))
+    for req in reqs:
+        _refuse_staged_flow(req)
     first: dict[tuple[str, str, str], EnqueueRequest] = {}
     staged: list[EnqueueRequest] = []
     results: list[EnqueueResult] = []

@@ -78,6 +78,19 @@ class EnqueueRequest:
         order_key: for a staged (outbox) enqueue, the lane whose rows are published in staging
             order even by several relays in parallel (``None``: the one lane of every row
             without a key). Drivers ignore it.
+        priority: the claim order within a queue, lower first (``PRIORITY_MIN`` ..
+            ``PRIORITY_MAX``, default 0); rows of one priority are taken FIFO by
+            ``(run_at, insertion)``. A driver without the ``priority`` capability is never
+            sent a non-zero one.
+        debounce_ms: when set (``> 0``), a debounced enqueue: a live row holding the key that
+            still waits for its first claim (``ready``/``delayed``, never claimed) takes this
+            request's input and runs no earlier than the driver's now plus ``debounce_ms``
+            (never later than ``debounce_max_ms`` after that row was first enqueued); such a
+            row holds its key only until its first claim, so an enqueue after that inserts a
+            new row. ``run_at``/``delay_ms`` are unused. Only for drivers with the
+            ``debounce`` capability.
+        debounce_max_ms: the cap on a debounced row's total wait, from its first enqueue
+            (``None``: no cap).
     """
 
     name: str
@@ -93,6 +106,9 @@ class EnqueueRequest:
     traceparent: str | None = None
     enqueued_by: str | None = None
     order_key: str | None = None
+    priority: int = 0
+    debounce_ms: int | None = None
+    debounce_max_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +397,7 @@ class JobInfo:
     enqueued_by: str | None = None
     traceparent: str | None = None
     steps: tuple[StepRecord, ...] = ()
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -306,6 +306,7 @@ class PgOutboxStore:
                     traceparent=row[9],
                     enqueued_by=row[10],
                     order_key=row[12],
+                    priority=row[13],
                 ),
                 staged_at=utc(row[11]),
                 token=token,

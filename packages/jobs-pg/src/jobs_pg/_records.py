@@ -110,6 +110,7 @@ def request_arrays(reqs: Sequence[EnqueueRequest]) -> dict[str, list[Any]]:
             "traceparents",
             "enqueued_bys",
             "order_keys",
+            "priorities",
         )
     }
     for req in reqs:
@@ -127,6 +128,7 @@ def request_arrays(reqs: Sequence[EnqueueRequest]) -> dict[str, list[Any]]:
         arrays["traceparents"].append(text_value(req.traceparent, "traceparent"))
         arrays["enqueued_bys"].append(text_value(req.enqueued_by, "enqueued_by"))
         arrays["order_keys"].append(text_value(req.order_key, "order_key"))
+        arrays["priorities"].append(req.priority)
     return arrays
 
 
@@ -164,6 +166,7 @@ def enqueue_params(reqs: Sequence[EnqueueRequest]) -> dict[str, str]:
                 "delay_ms": max(req.delay_ms, 0),
                 "traceparent": req.traceparent,
                 "enqueued_by": req.enqueued_by,
+                "priority": req.priority,
             }
         )
     try:
@@ -176,6 +179,30 @@ def enqueue_params(reqs: Sequence[EnqueueRequest]) -> dict[str, str]:
         for req in reqs:
             _refuse_values(req)
     return {"rows": text}
+
+
+def debounce_params(req: EnqueueRequest) -> dict[str, Any]:
+    """Validate one debounced request and answer the ``enqueue_debounce`` block's parameters.
+
+    Raises:
+        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` as :func:`enqueue_params`.
+    """
+    check_enqueue_request(req)
+    return {
+        "id": req.id,
+        "run_id": req.run_id,
+        "name": text_value(req.name, "name"),
+        "queue": text_value(req.queue, "queue"),
+        "input": json_text(req.input, "input"),
+        "key": text_value(req.idempotency_key, "idempotency_key"),
+        "tenant": text_value(req.tenant_id, "tenant_id"),
+        "max_attempts": req.max_attempts,
+        "debounce_ms": req.debounce_ms,
+        "debounce_max_ms": req.debounce_max_ms,
+        "traceparent": text_value(req.traceparent, "traceparent"),
+        "enqueued_by": text_value(req.enqueued_by, "enqueued_by"),
+        "priority": req.priority,
+    }
 
 
 def job_info(row: Row, steps: Sequence[StepRecord] = ()) -> JobInfo:
@@ -204,6 +231,7 @@ def job_info(row: Row, steps: Sequence[StepRecord] = ()) -> JobInfo:
         enqueued_by=row[20],
         traceparent=row[21],
         steps=tuple(steps),
+        priority=row[22],
     )
 
 

@@ -33,7 +33,13 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from jobs_core.clock import Clock
-from jobs_core.driver import CAPABILITIES, StepStore, check_run_ids, run_id_taken
+from jobs_core.driver import (
+    CAPABILITIES,
+    StepStore,
+    check_enqueue_request,
+    check_run_ids,
+    run_id_taken,
+)
 from jobs_core.errors import DriverRequestInvalidError, DriverUnavailableError
 from jobs_core.types import (
     ENQUEUE_CHUNK,
@@ -55,7 +61,7 @@ from jobs_pg._db import Db, Row, utc
 from jobs_pg._diagnose import unready
 from jobs_pg._migrate import apply_migrations
 from jobs_pg._outbox import PgOutboxStore
-from jobs_pg._records import enqueue_params, json_text
+from jobs_pg._records import debounce_params, enqueue_params, json_text
 from jobs_pg._retention import PgRetentionStore
 from jobs_pg._sql import check_schema, wake_channel
 from jobs_pg._stores import (
@@ -83,6 +89,8 @@ CAPABILITY_SET = frozenset(
         "counters",
         "backfills",
         "retention",
+        "priority",
+        "debounce",
     }
 )
 """What the driver carries: every capability."""
@@ -456,6 +464,8 @@ class PostgresDriver:
         if not reqs:
             return []
         check_run_ids(reqs)
+        if any(req.debounce_ms is not None for req in reqs):
+            return await self._enqueue_mixed(reqs)
         chunks = _chunks(reqs)
         params = [enqueue_params(chunk) for chunk in chunks]  # validates before any statement
         async with self._db.connection() as conn:
@@ -463,6 +473,34 @@ class PostgresDriver:
                 return await self._enqueue_chunk(conn, chunks[0], params[0])
             async with conn.transaction():
                 return await self._enqueue_chunks(conn, chunks, params)
+
+    async def _enqueue_mixed(self, reqs: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        """Queue a batch holding debounced requests one by one, in order, in one transaction."""
+        for req in reqs:
+            check_enqueue_request(req)
+        results: list[EnqueueResult] = []
+        async with self._db.connection() as conn, conn.transaction():
+            for req in reqs:
+                if req.debounce_ms is None:
+                    results += await self._enqueue_on(conn, [req])
+                else:
+                    results.append(await self._enqueue_debounced(conn, req))
+        return results
+
+    async def _enqueue_debounced(self, conn: Any, req: EnqueueRequest) -> EnqueueResult:
+        """Run the ``enqueue_debounce`` upsert for ``req`` (and its retries after a lost race)."""
+        params = debounce_params(req)
+        for _ in range(ENQUEUE_RETRIES):
+            try:
+                row = await self._db.row("enqueue_debounce", params, conn)
+            except psycopg.errors.UniqueViolation as exc:
+                raise _run_id_taken(exc, [req]) from None
+            if row is not None:
+                return EnqueueResult(row[0], row[1], deduped=not row[2])
+        raise DriverUnavailableError(
+            "a debounced enqueue kept losing races with concurrent commits; it is safe to repeat",
+            driver="postgresql",
+        )
 
     async def _enqueue_on(self, conn: Any, reqs: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
         """Run the ``enqueue`` statement(s) for ``reqs`` on ``conn``; answer in input order."""
@@ -526,7 +564,8 @@ class PostgresDriver:
         a second statement claims again.
 
         Returns:
-            The claimed rows in ``(run_at, insertion)`` order; ``attempt`` is spent attempts + 1.
+            The claimed rows in ``(priority, run_at, insertion)`` order; ``attempt`` is spent
+            attempts + 1.
 
         Raises:
             DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty queue list, a
@@ -557,7 +596,7 @@ class PostgresDriver:
         for row in rows:
             if row[13] == JobState.RUNNING:
                 claimed.append(_claimed(row, req.worker_id))
-                if not row[16]:
+                if not row[17]:
                     self._db.remember_stepless(row[1])
             else:
                 buried.append(BuriedJob(row[0], row[2], row[3], JobState(row[13])))

@@ -9,7 +9,9 @@ key                             holds
 ``<base>j:<id>``                one row (a hash; JSON fields as text, instants in µs)
 ``<base>s:<run_id>``            a run's steps (records, seqs, statuses, waiting events)
 ``<base>live``                  live key ``(name, tenant, key)`` -> row id: the dedupe index
-``<base>q:<queue>:r``           ready/delayed rows by ``run_at`` (members ``<seq>:<id>``)
+``<base>q:<queue>:r``           ready/delayed rows of priority 0 by ``run_at`` (members
+                                ``<seq>:<id>``); ``:r<p>`` those of priority ``p``
+``<base>q:<queue>:rp``          the non-zero priorities present, scored by themselves
 ``<base>q:<queue>:s``           suspended rows by ``run_at``
 ``<base>q:<queue>:l``           running rows by lease expiry
 ``<base>q:<queue>:f``           finished counts per state
@@ -104,7 +106,18 @@ from jobs_redis._scripts import SCRIPTS
 _log = logging.getLogger("jobs.redis")
 
 CARRIED: frozenset[str] = frozenset(
-    {"introspect", "leases", "events", "wake", "retention", "scheduler_state", "leader", "workers"}
+    {
+        "introspect",
+        "leases",
+        "events",
+        "wake",
+        "retention",
+        "scheduler_state",
+        "leader",
+        "workers",
+        "priority",
+        "debounce",
+    }
 )
 """The optional capabilities this driver declares."""
 
@@ -911,7 +924,7 @@ class RedisDriver:
 
     @staticmethod
     def _row_args(req: EnqueueRequest) -> list[Any]:
-        """Validate one request as the memory driver does; answer its 13 script values."""
+        """Validate one request as the memory driver does; answer its 16 script values."""
         check_enqueue_request(req)
         text = encode(req.input, "input")
         run_at = "" if req.run_at is None else to_us(req.run_at, "run_at")
@@ -932,6 +945,11 @@ class RedisDriver:
             opt(req.traceparent),
             opt(req.enqueued_by),
             live_field(req.name, req.tenant_id, req.idempotency_key),
+            req.priority,
+            "" if req.debounce_ms is None else _checked_ms(req.debounce_ms, "debounce_ms"),
+            ""
+            if req.debounce_max_ms is None
+            else _checked_ms(req.debounce_max_ms, "debounce_max_ms"),
         ]
 
     async def claim(self, req: ClaimRequest) -> list[ClaimedJob]:

@@ -126,6 +126,7 @@ def _job_info(row: dict[str, str], steps: list[StepRecord]) -> JobInfo:
         traceparent=unopt(row["tp"]),
         progress=json.loads(row.get("prog", "null")),
         steps=tuple(steps),
+        priority=int(row.get("pri") or 0),
     )
 
 

@@ -125,6 +125,8 @@ _CAPABILITIES = frozenset(
         "outbox",
         "backfills",
         "retention",
+        "priority",
+        "debounce",
     }
 )
 _CURSOR = re.compile(r"mem1\|(-?\d{1,20})\|([0-9a-f]{32})")
@@ -189,11 +191,18 @@ class _Row:
     wake_pending: bool = False
     # Only the heap entry carrying the current token is valid (see the module docstring).
     token: int = 0
+    # Lower is claimed first within a queue (jobs_core.priority).
+    priority: int = 0
+    # Enqueued with debounce: the row holds its live key only until its first claim.
+    debounced: bool = False
 
 
 # (instant, seq, token, row): ``seq`` is unique per row and one row's entries carry distinct
 # tokens, so tuple comparison never reaches the row itself.
 _Entry: TypeAlias = tuple[datetime, int, int, _Row]
+# A claimable row: (priority, run_at, seq, token, row), so a claim takes the lowest priority
+# first and, within one priority, the oldest (run_at, insertion).
+_DueEntry: TypeAlias = tuple[int, datetime, int, int, _Row]
 
 
 @dataclass(slots=True, eq=False)
@@ -201,7 +210,7 @@ class _Queue:
     """Claim heaps and finished-row counts of one queue."""
 
     pending: list[_Entry] = field(default_factory=list)
-    due: list[_Entry] = field(default_factory=list)
+    due: list[_DueEntry] = field(default_factory=list)
     finished: dict[JobState, int] = field(default_factory=dict)
 
 
@@ -520,7 +529,7 @@ class _Memory:
         its row's lease expiry, as a claim would do.
         """
         due = queue.due
-        while due and due[0][2] != due[0][3].token:
+        while due and due[0][3] != due[0][4].token:
             heapq.heappop(due)
         if due:
             return now
@@ -613,6 +622,7 @@ class _Memory:
         row.result = "null"
         row.progress = "null"
         row.updated_at = now
+        row.debounced = False  # a requeued row holds its key like any other
         self.live[row.id] = row
         self.keys[key] = row
         self.file(row, now)
@@ -710,6 +720,7 @@ class _Memory:
             enqueued_by=row.enqueued_by,
             traceparent=row.traceparent,
             steps=tuple(self.step_records(row.run_id)) if with_steps else (),
+            priority=row.priority,
         )
 
     def notify(self, queues: Iterable[str]) -> None:
@@ -1873,8 +1884,8 @@ class MemoryDriver:
     Attributes:
         name: ``"memory"``.
         capabilities: ``introspect``, ``leases``, ``events``, ``wake``, ``workers``,
-            ``counters``, ``scheduler_state``, ``leader``, ``outbox``, ``backfills`` and
-            ``retention``.
+            ``counters``, ``scheduler_state``, ``leader``, ``outbox``, ``backfills``,
+            ``retention``, and the flags ``priority`` and ``debounce``.
         steps: the step store (:class:`MemoryStepStore`).
         introspect: the operator surface (:class:`MemoryIntrospector`).
         leases: the lease store (:class:`MemoryLeaseStore`).
@@ -1994,6 +2005,8 @@ class MemoryDriver:
     @staticmethod
     def _due_at(req: EnqueueRequest, now: datetime) -> datetime:
         """Answer when a new row becomes due: never before ``now``."""
+        if req.debounce_ms is not None:
+            return _plus_ms(now, req.debounce_ms, "debounce_ms")
         if req.run_at is not None:
             return max(_utc(req.run_at, "run_at"), now)
         return _plus_ms(now, max(req.delay_ms, 0), "delay_ms")
@@ -2003,9 +2016,16 @@ class MemoryDriver:
     ) -> EnqueueResult:
         """Insert one row unless its id or live key is taken (the caller holds the lock)."""
         m = self._m
-        existing = m.rows.get(req.id) or m.keys.get(
-            (req.name, req.tenant_id or "", req.idempotency_key)
-        )
+        existing = m.rows.get(req.id)
+        if existing is None:
+            existing = m.keys.get((req.name, req.tenant_id or "", req.idempotency_key))
+            if (
+                existing is not None
+                and req.debounce_ms is not None
+                and existing.state in (JobState.READY, JobState.DELAYED)
+                and existing.claim == 0
+            ):
+                self._debounce(existing, req, text, run_at, now, woken)
         if existing is not None:
             return EnqueueResult(existing.id, existing.run_id, deduped=True)
         row = _Row(
@@ -2024,6 +2044,8 @@ class MemoryDriver:
             seq=m.next_seq(),
             traceparent=req.traceparent,
             enqueued_by=req.enqueued_by,
+            priority=req.priority,
+            debounced=req.debounce_ms is not None,
         )
         m.rows[row.id] = row
         m.live[row.id] = row
@@ -2045,17 +2067,45 @@ class MemoryDriver:
             woken.add(row.queue)
         return EnqueueResult(row.id, row.run_id, deduped=False)
 
+    def _debounce(
+        self,
+        row: _Row,
+        req: EnqueueRequest,
+        text: str,
+        run_at: datetime,
+        now: datetime,
+        woken: set[str],
+    ) -> None:
+        """Give a waiting, never-claimed ``row`` the input of debounced ``req`` (lock held).
+
+        Its run time moves to ``run_at`` (now plus the debounce), capped at its first enqueue
+        plus ``req.debounce_max_ms``, never before now; it takes ``req.priority`` too.
+        """
+        if req.debounce_max_ms is not None:
+            cap = _plus_ms(row.created_at, req.debounce_max_ms, "debounce_max_ms")
+            run_at = max(min(run_at, cap), now)
+        first = self._m.first_pending(self._m.queues[row.queue])
+        row.input = text
+        row.priority = req.priority
+        row.debounced = True
+        row.run_at = run_at
+        row.state = JobState.DELAYED if run_at > now else JobState.READY
+        row.updated_at = now
+        self._m.file(row, run_at)
+        if row.state is JobState.READY or first is None or run_at < first:
+            woken.add(row.queue)
+
     async def claim(self, req: ClaimRequest) -> list[ClaimedJob]:
         """Lease up to ``req.limit`` claimable rows of ``req.queues`` to ``req.worker_id``.
 
         Claimable: ``ready``/``delayed``/``suspended`` rows whose ``run_at`` has passed, and
-        ``running`` rows whose lease lapsed (that attempt is counted), oldest ``(run_at,
-        insertion)`` first across the queues; paused queues yield nothing. A lapsed row whose
-        counted attempts reach ``max_attempts`` is buried instead: ``dead`` with ``last_error``
-        ``LEASE_LAPSED_FINAL_ATTEMPT``, or ``failed`` if its name is in ``req.drop_exhausted``; it
-        frees its key and is reported to ``req.on_exhausted`` (after the claim, outside the lock).
-        Each handed-out row is ``running`` until now plus ``req.visibility_timeout_ms``, its
-        ``claim`` ordinal one higher.
+        ``running`` rows whose lease lapsed (that attempt is counted), lowest ``priority`` first,
+        then oldest ``(run_at, insertion)``, across the queues; paused queues yield nothing. A
+        lapsed row whose counted attempts reach ``max_attempts`` is buried instead: ``dead`` with
+        ``last_error`` ``LEASE_LAPSED_FINAL_ATTEMPT``, or ``failed`` if its name is in
+        ``req.drop_exhausted``; it frees its key and is reported to ``req.on_exhausted`` (after
+        the claim, outside the lock). Each handed-out row is ``running`` until now plus
+        ``req.visibility_timeout_ms``, its ``claim`` ordinal one higher.
 
         Returns:
             The claimed rows; ``attempt`` is the spent attempts plus one.
@@ -2086,15 +2136,15 @@ class MemoryDriver:
                 self._promote(queue, now)
             while len(claimed) < req.limit:
                 source: _Queue | None = None
-                best: _Entry | None = None
+                best: _DueEntry | None = None
                 for queue in queues:
                     top = self._due_top(queue, now)
-                    if top is not None and (best is None or top[:2] < best[:2]):
+                    if top is not None and (best is None or top[:3] < best[:3]):
                         source, best = queue, top
                 if source is None or best is None:
                     break
                 heapq.heappop(source.due)
-                row = best[3]
+                row = best[4]
                 if row.state is JobState.RUNNING:
                     row.attempts += 1
                     if row.attempts >= row.max_attempts:
@@ -2106,6 +2156,11 @@ class MemoryDriver:
                         m.finish(row, state, now)
                         buried.append(BuriedJob(row.id, row.name, row.queue, state))
                         continue
+                if row.debounced and row.claim == 0:
+                    # Claimed: a debounced row's key is free for the next burst.
+                    key = _live_key(row)
+                    if m.keys.get(key) is row:
+                        del m.keys[key]
                 row.state = JobState.RUNNING
                 row.claim += 1
                 row.claimed_by = req.worker_id
@@ -2130,23 +2185,23 @@ class MemoryDriver:
                 # A heartbeat moved the lease on since this entry was filed.
                 heapq.heappush(pending, (at, seq, token, row))
             else:
-                heapq.heappush(queue.due, (row.run_at, seq, token, row))
+                heapq.heappush(queue.due, (row.priority, row.run_at, seq, token, row))
 
     @staticmethod
-    def _due_top(queue: _Queue, now: datetime) -> _Entry | None:
+    def _due_top(queue: _Queue, now: datetime) -> _DueEntry | None:
         """Answer ``queue``'s first valid, claimable ``due`` entry, dropping stale ones."""
         due = queue.due
         while due:
             entry = due[0]
-            row = entry[3]
-            if entry[2] != row.token:
+            row = entry[4]
+            if entry[3] != row.token:
                 heapq.heappop(due)
                 continue
             at = row.visible_at if row.state is JobState.RUNNING else row.run_at
             if at is not None and at > now:
                 # Renewed since it was promoted (or the clock went back): wait again.
                 heapq.heappop(due)
-                heapq.heappush(queue.pending, (at, entry[1], entry[2], row))
+                heapq.heappush(queue.pending, (at, entry[2], entry[3], row))
                 continue
             return entry
         return None

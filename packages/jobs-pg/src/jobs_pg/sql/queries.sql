@@ -32,24 +32,26 @@ AND (%(f_to)s::timestamptz IS NULL OR j.created_at < %(f_to)s)
 WITH req AS (
     SELECT r.id, r.run_id, r.name, r.queue, coalesce(r.input, 'null') AS input,
            r.idempotency_key, r.tenant_id, r.max_attempts, r.traceparent, r.enqueued_by, r.ord,
+           coalesce(r.priority, 0) AS priority,
            greatest(coalesce(r.run_at, {now} + r.delay_ms * interval '1 millisecond'), {now}) AS due
     FROM ROWS FROM (
         json_to_recordset(%(rows)s::json) AS (
             id uuid, run_id uuid, name text, queue text, input jsonb, idempotency_key text,
             tenant_id text, max_attempts integer, run_at timestamptz, delay_ms bigint,
-            traceparent text, enqueued_by text
+            traceparent text, enqueued_by text, priority smallint
         )
     ) WITH ORDINALITY AS r(id, run_id, name, queue, input, idempotency_key, tenant_id,
-                           max_attempts, run_at, delay_ms, traceparent, enqueued_by, ord)
+                           max_attempts, run_at, delay_ms, traceparent, enqueued_by, priority,
+                           ord)
 ),
 inserted AS (
     INSERT INTO {schema}.jobs AS j (
         id, run_id, name, queue, input, idempotency_key, tenant_id, state, max_attempts,
-        run_at, traceparent, enqueued_by, created_at, updated_at
+        run_at, traceparent, enqueued_by, created_at, updated_at, priority
     )
     SELECT id, run_id, name, queue, input, idempotency_key, tenant_id,
            CASE WHEN due > {now} THEN 'delayed' ELSE 'ready' END, max_attempts,
-           due, traceparent, enqueued_by, {now}, {now}
+           due, traceparent, enqueued_by, {now}, {now}, priority
     FROM req
     ORDER BY ord
     ON CONFLICT DO NOTHING
@@ -61,7 +63,8 @@ known AS (
     ON CONFLICT DO NOTHING
 ),
 -- A queue is woken for a row due within a second, and for a row due later that comes before
--- every other waiting row of its queue due later than now (one probe of jobs_claim per queue):
+-- every other waiting row of its queue due later than now (first_waiting(), migration 0010: one
+-- probe of jobs_claim per priority present in the queue):
 -- an idle worker sleeps until the earliest due row it knows of, and must hear of an earlier one.
 later AS (
     SELECT queue, min(run_at) AS first FROM inserted
@@ -73,11 +76,7 @@ woken AS (
         SELECT queue FROM inserted WHERE run_at <= {now} + interval '1 second'
         UNION
         SELECT l.queue FROM later l
-        WHERE NOT EXISTS (
-            SELECT 1 FROM {schema}.jobs e
-            WHERE e.queue = l.queue AND e.state IN ('ready', 'delayed', 'suspended')
-              AND e.run_at > {now} AND e.run_at <= l.first
-        )
+        WHERE coalesce({schema}.first_waiting(l.queue, {now}) > l.first, true)
     )) AS notified
 )
 -- A summary row (no position) carries how many queues were woken (and makes the wake run: a plain
@@ -99,6 +98,7 @@ LEFT JOIN LATERAL (
       AND j.name = r.name AND coalesce(j.tenant_id, '') = coalesce(r.tenant_id, '')
       AND j.idempotency_key = r.idempotency_key
       AND j.state IN ('ready', 'delayed', 'running', 'suspended')
+      AND NOT (j.debounced AND j.claim > 0)
     LIMIT 1
 ) k ON true
 LEFT JOIN LATERAL (
@@ -118,14 +118,69 @@ LEFT JOIN LATERAL (
 WHERE NOT EXISTS (SELECT 1 FROM inserted i WHERE i.id = r.id)
 ORDER BY r.ord)
 
+-- name: enqueue_debounce
+-- One debounced enqueue (migration 0010), an upsert on the live key: with no live row holding
+-- the key it inserts a row due now + debounce; when a live row holds it and still waits for its
+-- first claim (ready or delayed, claim 0), that row takes the request's input and priority and is
+-- due now + debounce, capped at its first enqueue (created_at) + debounce_max, never before now;
+-- a holder already claimed is answered unchanged (only a non-debounced one can hold the key then).
+-- Answers (id, run_id, inserted); no row: the holder committed after this statement's snapshot,
+-- and the driver runs it again. The queue is woken (through the throttle) either way: an idle
+-- worker sleeping until a later instant must hear of the new due time.
+WITH up AS (
+    INSERT INTO {schema}.jobs AS j (
+        id, run_id, name, queue, input, idempotency_key, tenant_id, state, max_attempts,
+        run_at, traceparent, enqueued_by, created_at, updated_at, priority, debounced
+    )
+    VALUES (
+        %(id)s, %(run_id)s, %(name)s, %(queue)s, %(input)s::jsonb, %(key)s, %(tenant)s,
+        'delayed', %(max_attempts)s, {now} + %(debounce_ms)s * interval '1 millisecond',
+        %(traceparent)s, %(enqueued_by)s, {now}, {now}, %(priority)s, true
+    )
+    ON CONFLICT (name, (coalesce(tenant_id, '')), idempotency_key)
+        WHERE state IN ('ready', 'delayed', 'running', 'suspended') AND NOT (debounced AND claim > 0)
+    DO UPDATE SET
+        input = EXCLUDED.input,
+        priority = EXCLUDED.priority,
+        debounced = true,
+        run_at = greatest({now}, least(
+            EXCLUDED.run_at,
+            j.created_at + %(debounce_max_ms)s::bigint * interval '1 millisecond'
+        )),
+        state = CASE WHEN greatest({now}, least(
+            EXCLUDED.run_at,
+            j.created_at + %(debounce_max_ms)s::bigint * interval '1 millisecond'
+        )) > {now} THEN 'delayed' ELSE 'ready' END,
+        updated_at = {now}
+    WHERE j.state IN ('ready', 'delayed') AND j.claim = 0
+    RETURNING j.id, j.run_id, j.queue, j.xmax = 0 AS inserted
+),
+known AS (
+    INSERT INTO {schema}.queues (name, created_at)
+    SELECT queue, {now} FROM up WHERE inserted
+    ON CONFLICT DO NOTHING
+),
+woken AS (
+    SELECT {schema}.wake(array(SELECT queue FROM up)) AS notified
+)
+SELECT id, run_id, inserted, (SELECT notified FROM woken) FROM up
+UNION ALL
+SELECT h.id, h.run_id, false, NULL FROM {schema}.jobs h
+WHERE NOT EXISTS (SELECT 1 FROM up)
+  AND h.name = %(name)s AND coalesce(h.tenant_id, '') = coalesce(%(tenant)s, '')
+  AND h.idempotency_key = %(key)s
+  AND h.state IN ('ready', 'delayed', 'running', 'suspended')
+  AND NOT (h.debounced AND h.claim > 0)
+
 -- name: claim
 -- One statement per claim over every queue served. Arm 1 walks each unpaused queue's claim index
--- in (run_at, seq) order, locking with SKIP LOCKED so concurrent claimers take different rows
+-- in (priority, run_at, seq) order (lowest priority first, migration 0010), locking with SKIP LOCKED so concurrent claimers take different rows
 -- (in claim_waiting(), which keeps that plan whatever the table's statistics say).
 -- Arm 2 takes running rows whose lease lapsed (normally none): it runs only when a probe finds one
 -- (an ordered LIMIT 1 walk of jobs_lapse, which marks the entries of settled rows dead as it passes
 -- them, so later probes skip them; a bitmap scan, the planner's choice for the arm itself, would
--- fetch every dead row version behind the index at every claim). Merged in (run_at, seq) order, the
+-- fetch every dead row version behind the index at every claim). Merged in (priority, run_at,
+-- seq) order, the
 -- first `limit` rows that are not at their final attempt are handed out (a lapsed one spends its
 -- attempt); a lapsed row at its final attempt that comes before the cut is buried, dead or (for
 -- names in `drop`) failed, and counted. Rows locked but not handed out are released when the
@@ -135,13 +190,14 @@ WITH served AS (
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues p WHERE p.queue = u.name)
 ),
 waiting AS (
-    SELECT c.id, c.run_at, c.seq, false AS lapsed, false AS final
+    SELECT c.id, c.priority, c.run_at, c.seq, false AS lapsed, false AS final
     FROM served
     CROSS JOIN LATERAL {schema}.claim_waiting(served.name, {now}, %(limit)s)
-        AS c(id, run_at, seq)
+        AS c(id, priority, run_at, seq)
 ),
 lapsed AS (
-    SELECT j.id, j.run_at, j.seq, true AS lapsed, j.attempts + 1 >= j.max_attempts AS final
+    SELECT j.id, j.priority, j.run_at, j.seq, true AS lapsed,
+           j.attempts + 1 >= j.max_attempts AS final
     FROM {schema}.jobs j
     WHERE j.state = 'running'
       AND j.visible_at <= {now}
@@ -152,13 +208,13 @@ lapsed AS (
           ORDER BY probe.visible_at
           LIMIT 1
       )
-    ORDER BY j.run_at, j.seq
+    ORDER BY j.priority, j.run_at, j.seq
     LIMIT %(limit)s + 100
     FOR UPDATE OF j SKIP LOCKED
 ),
 ranked AS (
     SELECT id, lapsed, final,
-           count(*) FILTER (WHERE NOT final) OVER (ORDER BY run_at, seq) AS taken
+           count(*) FILTER (WHERE NOT final) OVER (ORDER BY priority, run_at, seq) AS taken
     FROM (SELECT * FROM waiting UNION ALL SELECT * FROM lapsed) AS candidates
 ),
 claimed AS (
@@ -174,7 +230,7 @@ claimed AS (
     WHERE j.id = r.id AND NOT r.final AND r.taken <= %(limit)s
     RETURNING j.id, j.run_id, j.name, j.queue, j.input, j.attempts, j.max_attempts, j.claim,
               j.tenant_id, j.idempotency_key, j.traceparent, j.enqueued_by, j.created_at,
-              j.state, j.run_at, j.seq
+              j.state, j.run_at, j.seq, j.priority
 ),
 buried AS (
     UPDATE {schema}.jobs j
@@ -189,7 +245,7 @@ buried AS (
     WHERE j.id = r.id AND r.final AND r.taken < %(limit)s
     RETURNING j.id, j.run_id, j.name, j.queue, j.input, j.attempts, j.max_attempts, j.claim,
               j.tenant_id, j.idempotency_key, j.traceparent, j.enqueued_by, j.created_at,
-              j.state, j.run_at, j.seq
+              j.state, j.run_at, j.seq, j.priority
 ),
 counted AS (
     INSERT INTO {schema}.counters AS c (name, tier, bucket, shard, failed, dead)
@@ -206,7 +262,7 @@ SELECT settled.*,
        -- without any (most first attempts) is answered without that query.
        EXISTS (SELECT 1 FROM {schema}.job_steps s WHERE s.run_id = settled.run_id)
 FROM (SELECT * FROM claimed UNION ALL SELECT * FROM buried) AS settled
-ORDER BY settled.run_at, settled.seq
+ORDER BY settled.priority, settled.run_at, settled.seq
 
 -- name: ack
 -- Settles many rows done in one statement, each fenced on (state, claimed_by, claim); answers
@@ -384,7 +440,7 @@ RETURNING 1
 -- name: job_get
 SELECT id, run_id, name, queue, state, attempts, max_attempts, claim, tenant_id,
        idempotency_key, input, run_at, created_at, updated_at, claimed_by, last_error,
-       last_error_code, last_error_stack, result, progress, enqueued_by, traceparent
+       last_error_code, last_error_stack, result, progress, enqueued_by, traceparent, priority
 FROM {schema}.jobs
 WHERE id = %(id)s
 
@@ -396,7 +452,7 @@ SELECT state FROM {schema}.jobs WHERE id = %(id)s
 SELECT j.id, j.run_id, j.name, j.queue, j.state, j.attempts, j.max_attempts, j.claim,
        j.tenant_id, j.idempotency_key, j.input, j.run_at, j.created_at, j.updated_at,
        j.claimed_by, j.last_error, j.last_error_code, j.last_error_stack, j.result, j.progress,
-       j.enqueued_by, j.traceparent
+       j.enqueued_by, j.traceparent, j.priority
 FROM {schema}.jobs j
 WHERE {filter}
   AND (%(at)s::timestamptz IS NULL OR (j.created_at, j.id) < (%(at)s, %(at_id)s::uuid))
@@ -408,7 +464,7 @@ LIMIT %(limit)s
 SELECT j.id, j.run_id, j.name, j.queue, j.state, j.attempts, j.max_attempts, j.claim,
        j.tenant_id, j.idempotency_key, j.input, j.run_at, j.created_at, j.updated_at,
        j.claimed_by, j.last_error, j.last_error_code, j.last_error_stack, j.result, j.progress,
-       j.enqueued_by, j.traceparent
+       j.enqueued_by, j.traceparent, j.priority
 FROM {schema}.jobs j
 WHERE {filter}
   AND (j.created_at, j.id) > (%(at)s, %(at_id)s::uuid)
@@ -480,7 +536,7 @@ cut AS (
 requeued AS (
     UPDATE {schema}.jobs j
     SET state = 'ready', attempts = 0, run_at = {now}, visible_at = NULL, result = NULL,
-        progress = NULL, updated_at = {now}
+        progress = NULL, updated_at = {now}, debounced = false
     FROM target t
     WHERE j.id = t.id AND (%(from_step)s::text IS NULL OR EXISTS (SELECT 1 FROM cut))
     RETURNING j.queue, j.run_id
@@ -533,6 +589,7 @@ WITH eligible AS (
           WHERE l.name = j.name AND coalesce(l.tenant_id, '') = coalesce(j.tenant_id, '')
             AND l.idempotency_key = j.idempotency_key
             AND l.state IN ('ready', 'delayed', 'running', 'suspended')
+            AND NOT (l.debounced AND l.claim > 0)
       )
 ),
 picked AS (
@@ -547,7 +604,7 @@ picked AS (
 requeued AS (
     UPDATE {schema}.jobs j
     SET state = 'ready', attempts = 0, run_at = {now}, visible_at = NULL, result = NULL,
-        progress = NULL, updated_at = {now}
+        progress = NULL, updated_at = {now}, debounced = false
     FROM picked p
     WHERE j.id = p.id AND j.state IN ('done', 'failed', 'dead', 'cancelled')
     RETURNING j.queue
@@ -726,18 +783,18 @@ SELECT count(*) FROM purged
 -- here, so the relay publishes the instant the caller asked for.
 INSERT INTO {schema}.outbox (
     id, name, queue, input, idempotency_key, tenant_id, max_attempts, run_id, run_at,
-    traceparent, enqueued_by, order_key, staged_at
+    traceparent, enqueued_by, order_key, staged_at, priority
 )
 SELECT r.id, r.name, r.queue, r.input::jsonb, r.idempotency_key, r.tenant_id, r.max_attempts,
        r.run_id, greatest(coalesce(r.run_at, {now} + r.delay_ms * interval '1 millisecond'), {now}),
-       r.traceparent, r.enqueued_by, r.order_key, {now}
+       r.traceparent, r.enqueued_by, r.order_key, {now}, r.priority
 FROM unnest(
     %(ids)s::uuid[], %(run_ids)s::uuid[], %(names)s::text[], %(queues)s::text[],
     %(inputs)s::text[], %(keys)s::text[], %(tenants)s::text[], %(max_attempts)s::int[],
     %(run_ats)s::timestamptz[], %(delays)s::bigint[], %(traceparents)s::text[],
-    %(enqueued_bys)s::text[], %(order_keys)s::text[]
+    %(enqueued_bys)s::text[], %(order_keys)s::text[], %(priorities)s::smallint[]
 ) WITH ORDINALITY AS r(id, run_id, name, queue, input, idempotency_key, tenant_id, max_attempts,
-                       run_at, delay_ms, traceparent, enqueued_by, order_key, ord)
+                       run_at, delay_ms, traceparent, enqueued_by, order_key, priority, ord)
 ORDER BY r.ord
 
 -- name: outbox_claim_lock
@@ -777,7 +834,7 @@ SET claimed_at = {now}, claimed_by = %(token)s,
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.name, o.queue, o.input, o.idempotency_key, o.tenant_id, o.max_attempts,
-          o.run_id, o.run_at, o.traceparent, o.enqueued_by, o.staged_at, o.order_key
+          o.run_id, o.run_at, o.traceparent, o.enqueued_by, o.staged_at, o.order_key, o.priority
 
 -- name: outbox_release
 UPDATE {schema}.outbox
@@ -958,21 +1015,16 @@ WHERE j.state IN ('ready', 'delayed', 'running', 'suspended')
 -- name: next_due_ms
 -- An idle worker's timer: milliseconds (rounded up; negative when one is due already) until a row
 -- of the unpaused queues served becomes claimable, NULL when none waits: the first waiting row's
--- run_at (an ordered LIMIT 1 probe of jobs_claim per queue) or the first running row's lease
--- expiry (an ordered LIMIT 1 walk of jobs_lapse, as the claim's own lapse probe), so an idle
--- worker wakes when a dead worker's lease lapses rather than at its next poll.
+-- run_at (one ordered LIMIT 1 probe of jobs_claim per priority present per queue,
+-- first_waiting(), migration 0010) or the first running row's lease expiry (an ordered LIMIT 1
+-- walk of jobs_lapse, as the claim's own lapse probe), so an idle worker wakes when a dead
+-- worker's lease lapses rather than at its next poll.
 WITH served AS (
     SELECT q.name FROM unnest(%(queues)s::text[]) AS q(name)
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues p WHERE p.queue = q.name)
 )
 SELECT ceil(extract(epoch FROM least(
-    (SELECT min(f.run_at) FROM served s
-     CROSS JOIN LATERAL (
-         SELECT j.run_at FROM {schema}.jobs j
-         WHERE j.queue = s.name AND j.state IN ('ready', 'delayed', 'suspended')
-         ORDER BY j.run_at
-         LIMIT 1
-     ) f),
+    (SELECT min({schema}.first_waiting(s.name, '-infinity')) FROM served s),
     (SELECT j.visible_at FROM {schema}.jobs j
      WHERE j.state = 'running' AND j.queue IN (SELECT name FROM served)
      ORDER BY j.visible_at

@@ -14,11 +14,13 @@
 
 local jk = KEYS[1]
 local base = ARGV[1]
-local row = redis.call('HMGET', jk, 'state', 'queue', 'm', 'lk', 'id', 'created')
+local row = redis.call('HMGET', jk, 'state', 'queue', 'm', 'lk', 'id', 'created', 'pri')
 local state = row[1]
 if not state then return 'missing' end
 local src = ({ ready = 'r', delayed = 'r', suspended = 's', running = 'l' })[state]
 if not src then return state end
+-- Ready and delayed rows of a non-zero priority wait in their priority's set (see claim.lua).
+if src == 'r' and row[7] and row[7] ~= '' and row[7] ~= '0' then src = 'r' .. row[7] end
 local t = redis.call('TIME')
 local now_s = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
 local qk = base .. 'q:' .. row[2]

@@ -18,7 +18,11 @@
 --
 -- Candidates are rows of unpaused queues whose run_at passed (ready, delayed, suspended) and
 -- running rows whose lease expiry passed (at most 1,000 of those per queue per call), taken
--- oldest (run_at, sequence) first across the queues. A lapsed row's attempt is counted; when that
+-- lowest priority first, then oldest (run_at, sequence), across the queues. Ready and delayed rows
+-- of priority p wait in <base>q:<queue>:r<p> ("" for 0; the non-zero priorities present are
+-- listed in <base>q:<queue>:rp): they are read lowest priority first until `limit` are found, and
+-- a priority whose set emptied leaves the list. A debounced row (field "db") frees its live key
+-- at its first claim, so the next enqueue of its key makes a new row. A lapsed row's attempt is counted; when that
 -- spends its last one it is buried ("dead" with LEASE_LAPSED_FINAL_ATTEMPT, or "failed" for names
 -- in the drop list), frees its live key and does not count against the limit. Each claimed row
 -- carries its run's steps, so the attempt that loads them next needs no round trip of its own.
@@ -42,30 +46,50 @@ for i = 1, nq do
   local queue = ARGV[5 + i]
   if redis.call('SISMEMBER', base .. 'paused', queue) == 0 then
     local qk = base .. 'q:' .. queue
-    for _, src in ipairs({ 'r', 's' }) do
+    local pris = { 0 }
+    for _, p in ipairs(redis.call('ZRANGE', qk .. ':rp', 0, -1)) do
+      pris[#pris + 1] = tonumber(p)
+    end
+    table.sort(pris)
+    local found = 0
+    for _, p in ipairs(pris) do
+      if found >= limit then break end
+      local src = 'r'
+      if p ~= 0 then src = 'r' .. p end
       local got = redis.call('ZRANGEBYSCORE', qk .. ':' .. src, '-inf', now_s, 'WITHSCORES',
-        'LIMIT', 0, limit)
+        'LIMIT', 0, limit - found)
       for j = 1, #got, 2 do
-        cands[#cands + 1] = { tonumber(got[j + 1]), got[j], queue, src }
+        cands[#cands + 1] = { p, tonumber(got[j + 1]), got[j], queue, src }
       end
+      found = found + #got / 2
+      if p ~= 0 and #got == 0 and redis.call('ZCARD', qk .. ':' .. src) == 0 then
+        redis.call('ZREM', qk .. ':rp', tostring(p))
+      end
+    end
+    local got = redis.call('ZRANGEBYSCORE', qk .. ':s', '-inf', now_s, 'WITHSCORES',
+      'LIMIT', 0, limit)
+    for j = 1, #got, 2 do
+      local pri = redis.call('HGET', base .. 'j:' .. string.sub(got[j], 18), 'pri')
+      cands[#cands + 1] = { tonumber(pri) or 0, tonumber(got[j + 1]), got[j], queue, 's' }
     end
     local lapsed = redis.call('ZRANGEBYSCORE', qk .. ':l', '-inf', now_s, 'LIMIT', 0, 1000)
     for _, m in ipairs(lapsed) do
-      local run_at = redis.call('HGET', base .. 'j:' .. string.sub(m, 18), 'run_at')
-      cands[#cands + 1] = { tonumber(run_at), m, queue, 'l' }
+      local row = redis.call('HMGET', base .. 'j:' .. string.sub(m, 18), 'run_at', 'pri')
+      cands[#cands + 1] = { tonumber(row[2]) or 0, tonumber(row[1]), m, queue, 'l' }
     end
   end
 end
 
 table.sort(cands, function(a, b)
   if a[1] ~= b[1] then return a[1] < b[1] end
-  return a[2] < b[2]
+  if a[2] ~= b[2] then return a[2] < b[2] end
+  return a[3] < b[3]
 end)
 
 local claimed, buried, taken = {}, {}, 0
 for _, c in ipairs(cands) do
   if taken >= limit then break end
-  local m, queue, src = c[2], c[3], c[4]
+  local m, queue, src = c[3], c[4], c[5]
   local id = string.sub(m, 18)
   local jk = base .. 'j:' .. id
   local qk = base .. 'q:' .. queue
@@ -94,6 +118,10 @@ for _, c in ipairs(cands) do
     buried[#buried + 1] = state
   else
     local claim = redis.call('HINCRBY', jk, 'claim', 1)
+    if claim == 1 and redis.call('HGET', jk, 'db') == '1' then
+      local lk = redis.call('HGET', jk, 'lk')
+      if redis.call('HGET', base .. 'live', lk) == id then redis.call('HDEL', base .. 'live', lk) end
+    end
     redis.call('HSET', jk, 'state', 'running', 'by', '=' .. worker, 'vis', until_s,
       'updated', now_s)
     redis.call('ZADD', qk .. ':l', until_s, m)

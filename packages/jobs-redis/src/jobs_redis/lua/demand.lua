@@ -16,6 +16,9 @@ for _, queue in ipairs(redis.call('SMEMBERS', KEYS[1])) do
     n = n + redis.call('ZCOUNT', qk .. ':l', '-inf', now_s)
       + redis.call('ZCOUNT', qk .. ':r', '-inf', now_s)
       + redis.call('ZCOUNT', qk .. ':s', '-inf', now_s)
+    for _, p in ipairs(redis.call('ZRANGE', qk .. ':rp', 0, -1)) do
+      n = n + redis.call('ZCOUNT', qk .. ':r' .. p, '-inf', now_s)
+    end
   end
   out[#out + 1] = queue
   out[#out + 1] = n

@@ -7,9 +7,10 @@
 --                        <base>s:<run_id> (the run's steps; field "#job" names its job),
 --                        <base>x:<queue>:<state> (the listing index: members "<created µs>:<id>")
 -- ARGV[2]  n             how many rows follow
--- ARGV[3…] 13 values per row: id, run_id, name, queue, input (JSON text), idempotency key,
+-- ARGV[3…] 16 values per row: id, run_id, name, queue, input (JSON text), idempotency key,
 --          tenant (optional), max_attempts, run_at (µs since the epoch, "" for none), delay_ms,
---          traceparent (optional), enqueued_by (optional), live-key field.
+--          traceparent (optional), enqueued_by (optional), live-key field, priority (an int,
+--          lower claimed first), debounce_ms ("" for none) and debounce_max_ms ("" for none).
 --          An optional value is "" for None, else "=" followed by the text.
 --          Then, for a cron fire only (SchedulerState.fire), 6 more: the task, the watermark the
 --          fire expects (µs, "" for none), the watermark it leaves (µs), the occurrence (µs), and
@@ -19,7 +20,13 @@
 --          whose expected watermark is not the stored one, writing nothing, { "moved" }.
 --
 -- A request whose id names a row (live or finished) answers it; else one whose live key is held
--- (by an earlier row of this call too) answers the holder; else a row is inserted. Its run_at is
+-- (by an earlier row of this call too) answers the holder; else a row is inserted. A debounced
+-- request (debounce_ms set) inserts a row due now + debounce_ms (field "db" = "1": it holds its
+-- live key only until its first claim, claim.lua frees it); one whose key a row holds that still
+-- waits for its first claim (ready or delayed, claim 0) gives that row its input and priority and
+-- makes it due now + debounce_ms, capped at its first enqueue + debounce_max_ms, never before now,
+-- and answers it (deduped). Rows of priority p wait in <base>q:<queue>:r<p> ("" for 0), each
+-- non-zero priority present listed in <base>q:<queue>:rp (scored by itself). Its run_at is
 -- the request's (a past one is stored as the server's now) or now plus delay_ms; it is "delayed"
 -- when run_at is in the future, else "ready". Each queue that received a ready row, or a delayed
 -- row due before every other row of it due later than now, is published once on <base>wake.
@@ -39,7 +46,22 @@ local now_s = string.format('%.0f', now)
 local live = base .. 'live'
 local reply = {}
 local woken = {}
-local fire_at = 3 + n * 13
+local fire_at = 3 + n * 16
+local function rkey(qk, pri)
+  if pri == nil or pri == '' or pri == '0' then return qk .. ':r' end
+  redis.call('ZADD', qk .. ':rp', pri, pri)
+  return qk .. ':r' .. pri
+end
+local function first_later(qk, after)
+  local best = nil
+  local keys = { qk .. ':r' }
+  for _, p in ipairs(redis.call('ZRANGE', qk .. ':rp', 0, -1)) do keys[#keys + 1] = qk .. ':r' .. p end
+  for _, k in ipairs(keys) do
+    local nx = redis.call('ZRANGEBYSCORE', k, '(' .. after, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if nx[2] and (not best or tonumber(nx[2]) < best) then best = tonumber(nx[2]) end
+  end
+  return best
+end
 local task = ARGV[fire_at]
 if task then
   local stored = redis.call('HGET', base .. 'wm', task) or ''
@@ -54,7 +76,7 @@ local held_run = {}
 local batch_ids = {}
 local batch_keys = {}
 for i = 0, n - 1 do
-  local o = 3 + i * 13
+  local o = 3 + i * 16
   local id, run_id, lk = ARGV[o], ARGV[o + 1], ARGV[o + 12]
   if batch_ids[id] then
     held[i] = id
@@ -78,17 +100,43 @@ for i = 0, n - 1 do
 end
 
 for i = 0, n - 1 do
-  local o = 3 + i * 13
+  local o = 3 + i * 16
   local id, run_id, name, queue = ARGV[o], ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
   local lk = ARGV[o + 12]
+  local pri, debounce, dmax = ARGV[o + 13], ARGV[o + 14], ARGV[o + 15]
   local jk = base .. 'j:' .. id
+  local hk = held[i] and base .. 'j:' .. held[i]
+  if held[i] and debounce ~= '' and not held_run[i] and held[i] ~= id then
+    local h = redis.call('HMGET', hk, 'state', 'claim', 'queue', 'm', 'created', 'pri')
+    if (h[1] == 'ready' or h[1] == 'delayed') and h[2] == '0' then
+      local qk = base .. 'q:' .. h[3]
+      local run_at = now + tonumber(debounce) * 1000
+      if dmax ~= '' then run_at = math.min(run_at, tonumber(h[5]) + tonumber(dmax) * 1000) end
+      run_at = math.max(run_at, now)
+      local state = 'ready'
+      if run_at > now then state = 'delayed' end
+      local first = first_later(qk, now_s)
+      redis.call('ZREM', rkey(qk, h[6]), h[4])
+      redis.call('ZADD', rkey(qk, pri), string.format('%.0f', run_at), h[4])
+      if state ~= h[1] then
+        local xm = h[5] .. ':' .. held[i]
+        redis.call('ZREM', base .. 'x:' .. h[3] .. ':' .. h[1], xm)
+        redis.call('ZADD', base .. 'x:' .. h[3] .. ':' .. state, 0, xm)
+      end
+      redis.call('HSET', hk, 'input', ARGV[o + 4], 'pri', pri, 'db', '1', 'state', state,
+        'run_at', string.format('%.0f', run_at), 'updated', now_s)
+      if state == 'ready' or not first or first > run_at then woken[h[3]] = true end
+    end
+  end
   if held[i] then
     reply[#reply + 1] = held[i]
     reply[#reply + 1] = held_run[i] or redis.call('HGET', base .. 'j:' .. held[i], 'run')
     reply[#reply + 1] = 1
   else
     local run_at
-    if ARGV[o + 8] ~= '' then
+    if debounce ~= '' then
+      run_at = now + tonumber(debounce) * 1000
+    elseif ARGV[o + 8] ~= '' then
       run_at = math.max(tonumber(ARGV[o + 8]), now)
     else
       run_at = now + math.max(tonumber(ARGV[o + 9]), 0) * 1000
@@ -102,20 +150,21 @@ for i = 0, n - 1 do
       'key', ARGV[o + 5], 'tenant', ARGV[o + 6], 'max', ARGV[o + 7], 'att', 0, 'claim', 0,
       'by', '', 'vis', '', 'run_at', string.format('%.0f', run_at), 'created', now_s,
       'updated', now_s, 'err', '', 'errc', '', 'errs', '', 'result', 'null',
-      'tp', ARGV[o + 10], 'eb', ARGV[o + 11], 'state', state, 'm', m, 'lk', lk)
+      'tp', ARGV[o + 10], 'eb', ARGV[o + 11], 'state', state, 'm', m, 'lk', lk, 'pri', pri,
+      'db', debounce ~= '' and '1' or '')
     redis.call('HSET', live, lk, id)
     redis.call('HSET', base .. 's:' .. run_id, '#job', id)
     redis.call('SADD', base .. 'queues', queue)
     -- A row for later wakes its queue when it comes before every other row due later than
     -- now: an idle worker sleeps until the first due row it knows of.
-    local rk = base .. 'q:' .. queue .. ':r'
+    local qk = base .. 'q:' .. queue
     if state == 'delayed' and not woken[queue] then
-      local next = redis.call('ZRANGEBYSCORE', rk, '(' .. now_s, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-      if not next[2] or tonumber(next[2]) > run_at then
+      local first = first_later(qk, now_s)
+      if not first or first > run_at then
         woken[queue] = true
       end
     end
-    redis.call('ZADD', rk, string.format('%.0f', run_at), m)
+    redis.call('ZADD', rkey(qk, pri), string.format('%.0f', run_at), m)
     redis.call('ZADD', base .. 'x:' .. queue .. ':' .. state, 0, now_s .. ':' .. id)
     if state == 'ready' then woken[queue] = true end
     reply[#reply + 1] = id

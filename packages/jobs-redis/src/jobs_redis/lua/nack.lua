@@ -21,7 +21,7 @@
 local jk = KEYS[1]
 local base = ARGV[1]
 local row = redis.call('HMGET', jk, 'state', 'by', 'claim', 'queue', 'm', 'lk', 'id',
-  'created')
+  'created', 'pri')
 if row[1] ~= 'running' or row[2] ~= '=' .. ARGV[2] or row[3] ~= ARGV[3] then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -44,7 +44,14 @@ if state == 'ready' or state == 'delayed' or state == 'suspended' then
   if state == 'suspended' then
     redis.call('ZADD', qk .. ':s', run_at_s, m)
   else
-    redis.call('ZADD', qk .. ':r', run_at_s, m)
+    -- Rows of a non-zero priority wait in their priority's set (see claim.lua).
+    local pri = row[9]
+    if pri and pri ~= '' and pri ~= '0' then
+      redis.call('ZADD', qk .. ':rp', pri, pri)
+      redis.call('ZADD', qk .. ':r' .. pri, run_at_s, m)
+    else
+      redis.call('ZADD', qk .. ':r', run_at_s, m)
+    end
   end
   if delay <= 0 then redis.call('PUBLISH', base .. 'wake', row[4]) end
 else

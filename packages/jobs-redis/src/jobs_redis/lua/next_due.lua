@@ -17,7 +17,12 @@ local first = nil
 for i = 2, #ARGV do
   local queue = ARGV[i]
   if redis.call('SISMEMBER', base .. 'paused', queue) == 0 then
-    for _, kind in ipairs({ ':r', ':s', ':l' }) do
+    -- Every priority's ready/delayed set (see claim.lua), the suspended one and the running one.
+    local kinds = { ':r', ':s', ':l' }
+    for _, p in ipairs(redis.call('ZRANGE', base .. 'q:' .. queue .. ':rp', 0, -1)) do
+      kinds[#kinds + 1] = ':r' .. p
+    end
+    for _, kind in ipairs(kinds) do
       local top = redis.call('ZRANGE', base .. 'q:' .. queue .. kind, 0, 0, 'WITHSCORES')
       if top[2] then
         local at = tonumber(top[2])

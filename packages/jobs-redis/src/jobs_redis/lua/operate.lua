@@ -42,6 +42,15 @@ local OP_STATES = {
 
 local function index_key(queue, state) return base .. 'x:' .. queue .. ':' .. state end
 
+-- The ready/delayed set of a row's priority (see claim.lua): <base>q:<queue>:r, or :r<p> for a
+-- non-zero p, listed in :rp when a row goes in.
+local function ready_key(qk, jk, adding)
+  local pri = redis.call('HGET', jk, 'pri')
+  if not pri or pri == '' or pri == '0' then return qk .. ':r' end
+  if adding then redis.call('ZADD', qk .. ':rp', pri, pri) end
+  return qk .. ':r' .. pri
+end
+
 local function requeue_check(jk, row)
   if not FINISHED[row[1]] then return 'live:' .. row[1] end
   local holder = redis.call('HGET', live, row[3])
@@ -79,12 +88,13 @@ local function requeue(jk, row, from_step)
   redis.call('ZADD', index_key(row[2], 'ready'), 0, xm)
   -- The row keeps its sequence, so it orders among rows due with it as at its enqueue.
   local m = redis.call('HGET', jk, 'm')
+  -- A requeued row holds its key like any other (a debounced one too: 'db' is cleared).
   redis.call('HSET', jk, 'state', 'ready', 'att', 0, 'run_at', now_s, 'vis', '',
-    'result', 'null', 'prog', 'null', 'updated', now_s)
+    'result', 'null', 'prog', 'null', 'updated', now_s, 'db', '')
   redis.call('PERSIST', jk)
   redis.call('PERSIST', base .. 's:' .. row[5])
   redis.call('HSET', live, row[3], row[4])
-  redis.call('ZADD', qk .. ':r', now_s, m)
+  redis.call('ZADD', ready_key(qk, jk, true), now_s, m)
   redis.call('PUBLISH', base .. 'wake', row[2])
   return 'ok'
 end
@@ -96,9 +106,9 @@ local function remove(jk, row)
     redis.call('HINCRBY', qk .. ':f', row[1], -1)
     redis.call('ZREM', base .. 'fin:' .. row[1], row[4])
   else
-    local src = 'r'
-    if row[1] == 'suspended' then src = 's' end
-    redis.call('ZREM', qk .. ':' .. src, redis.call('HGET', jk, 'm'))
+    local src = ready_key(qk, jk, false)
+    if row[1] == 'suspended' then src = qk .. ':s' end
+    redis.call('ZREM', src, redis.call('HGET', jk, 'm'))
     if redis.call('HGET', live, row[3]) == row[4] then redis.call('HDEL', live, row[3]) end
   end
   redis.call('ZREM', index_key(row[2], row[1]), row[6] .. ':' .. row[4])
@@ -118,7 +128,7 @@ local function promote(jk, row)
     redis.call('ZREM', index_key(row[2], 'delayed'), xm)
     redis.call('ZADD', index_key(row[2], 'ready'), 0, xm)
     redis.call('HSET', jk, 'state', 'ready', 'run_at', now_s, 'updated', now_s)
-    redis.call('ZADD', qk .. ':r', now_s, m)
+    redis.call('ZADD', ready_key(qk, jk, true), now_s, m)
   else
     redis.call('HSET', jk, 'run_at', now_s, 'updated', now_s)
     redis.call('ZADD', qk .. ':s', now_s, m)

@@ -14,12 +14,22 @@ local now_s = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
 local out = {}
 for _, queue in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local qk = base .. 'q:' .. queue
-  local ready = redis.call('ZCOUNT', qk .. ':r', '-inf', now_s)
+  -- Ready/delayed rows wait in one set per priority (see claim.lua).
+  local ready, waiting, oldest = 0, 0, nil
+  local sets = { qk .. ':r' }
+  for _, p in ipairs(redis.call('ZRANGE', qk .. ':rp', 0, -1)) do sets[#sets + 1] = qk .. ':r' .. p end
+  for _, rk in ipairs(sets) do
+    local due = redis.call('ZCOUNT', rk, '-inf', now_s)
+    ready = ready + due
+    waiting = waiting + redis.call('ZCARD', rk)
+    if due > 0 then
+      local first = tonumber(redis.call('ZRANGE', rk, 0, 0, 'WITHSCORES')[2])
+      if not oldest or first < oldest then oldest = first end
+    end
+  end
   local fin = redis.call('HMGET', qk .. ':f', 'done', 'failed', 'dead', 'cancelled')
-  local oldest = ''
-  local first = redis.call('ZRANGE', qk .. ':r', 0, 0, 'WITHSCORES')
-  if ready > 0 then oldest = first[2] end
-  local row = { queue, ready, redis.call('ZCARD', qk .. ':r') - ready,
+  if oldest then oldest = string.format('%.0f', oldest) else oldest = '' end
+  local row = { queue, ready, waiting - ready,
     redis.call('ZCARD', qk .. ':l'), redis.call('ZCARD', qk .. ':s') }
   for _, v in ipairs(fin) do row[#row + 1] = v or '0' end
   row[#row + 1] = oldest
