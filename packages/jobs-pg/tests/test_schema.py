@@ -48,7 +48,7 @@ DECLARED_TABLES = {
         "run_at timestamptz!, visible_at timestamptz, claimed_by text, claim int4!,"
         "wake_pending bool!, last_error text, last_error_code text, last_error_stack text,"
         "result jsonb, progress jsonb, traceparent text, enqueued_by text, created_at timestamptz!,"
-        "updated_at timestamptz!"
+        "updated_at timestamptz!, parent_run_id uuid"
     ),
     "leases": (
         "lease_key text!, slot int4!, holder text!, expires_at timestamptz!,"
@@ -87,6 +87,7 @@ DECLARED_INDEXES = {
     "jobs_lapse": "(visible_at) WHERE (state = 'running'::text)",
     "jobs_listing": "(created_at, id)",
     "jobs_run": "UNIQUE (run_id)",
+    "jobs_parent_run": "(parent_run_id, created_at, id) WHERE (parent_run_id IS NOT NULL)",
     "job_steps_waiting": "(event) WHERE (status = 'waiting'::text)",
     "events_find": "(name, published_at, seq)",
     "events_expiry": "(expires_at)",

@@ -78,6 +78,8 @@ class EnqueueRequest:
         order_key: for a staged (outbox) enqueue, the lane whose rows are published in staging
             order even by several relays in parallel (``None``: the one lane of every row
             without a key). Drivers ignore it.
+        parent_run_id: the run whose ``step.invoke``/``step.gather`` enqueued this row (a child
+            job); drivers with the ``children`` capability store it and list the row under it.
     """
 
     name: str
@@ -93,6 +95,7 @@ class EnqueueRequest:
     traceparent: str | None = None
     enqueued_by: str | None = None
     order_key: str | None = None
+    parent_run_id: UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +173,7 @@ class ClaimedJob:
         traceparent: the enqueuing span's trace context.
         enqueued_by: the actor that asked for the work.
         created_at: when the row was first queued (UTC).
+        parent_run_id: the run that enqueued this row as a child job (its settle wakes it).
     """
 
     id: UUID
@@ -186,6 +190,7 @@ class ClaimedJob:
     traceparent: str | None
     enqueued_by: str | None
     created_at: datetime
+    parent_run_id: UUID | None = None
 
     @property
     def fence(self) -> Fence:
@@ -356,6 +361,7 @@ class JobInfo:
     """One job as the operator surface shows it (``introspect.get``/``list``).
 
     ``input`` is the stored JSON form; redaction is applied by :mod:`jobs_core.introspect`.
+    ``parent_run_id`` is the run that enqueued the row as a child job (``None`` otherwise).
     """
 
     id: UUID
@@ -381,6 +387,7 @@ class JobInfo:
     enqueued_by: str | None = None
     traceparent: str | None = None
     steps: tuple[StepRecord, ...] = ()
+    parent_run_id: UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)

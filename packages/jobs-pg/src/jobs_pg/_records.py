@@ -164,6 +164,7 @@ def enqueue_params(reqs: Sequence[EnqueueRequest]) -> dict[str, str]:
                 "delay_ms": max(req.delay_ms, 0),
                 "traceparent": req.traceparent,
                 "enqueued_by": req.enqueued_by,
+                "parent_run_id": None if req.parent_run_id is None else req.parent_run_id.hex,
             }
         )
     try:
@@ -204,6 +205,7 @@ def job_info(row: Row, steps: Sequence[StepRecord] = ()) -> JobInfo:
         enqueued_by=row[20],
         traceparent=row[21],
         steps=tuple(steps),
+        parent_run_id=row[22] if len(row) > 22 else None,
     )
 
 

@@ -102,8 +102,8 @@ for _, c in ipairs(cands) do
       redis.call('ZADD', base .. 'x:' .. queue .. ':running', 0, xm)
     end
     local row = redis.call('HMGET', jk, 'id', 'run', 'name', 'queue', 'input', 'att', 'max',
-      'claim', 'tenant', 'key', 'tp', 'eb', 'created')
-    for _, v in ipairs(row) do claimed[#claimed + 1] = v end
+      'claim', 'tenant', 'key', 'tp', 'eb', 'created', 'par')
+    for i = 1, 14 do claimed[#claimed + 1] = row[i] or '' end
     local steps = {}
     local all = redis.call('HGETALL', base .. 's:' .. row[2])
     for i = 1, #all, 2 do

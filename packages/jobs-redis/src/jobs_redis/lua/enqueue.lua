@@ -7,9 +7,11 @@
 --                        <base>s:<run_id> (the run's steps; field "#job" names its job),
 --                        <base>x:<queue>:<state> (the listing index: members "<created µs>:<id>")
 -- ARGV[2]  n             how many rows follow
--- ARGV[3…] 13 values per row: id, run_id, name, queue, input (JSON text), idempotency key,
+-- ARGV[3…] 14 values per row: id, run_id, name, queue, input (JSON text), idempotency key,
 --          tenant (optional), max_attempts, run_at (µs since the epoch, "" for none), delay_ms,
---          traceparent (optional), enqueued_by (optional), live-key field.
+--          traceparent (optional), enqueued_by (optional), live-key field, parent run id
+--          (optional: a child job's parent run; the row joins <base>c:<parent run id>, the
+--          parent's children by insertion order).
 --          An optional value is "" for None, else "=" followed by the text.
 --          Then, for a cron fire only (SchedulerState.fire), 6 more: the task, the watermark the
 --          fire expects (µs, "" for none), the watermark it leaves (µs), the occurrence (µs), and
@@ -39,7 +41,7 @@ local now_s = string.format('%.0f', now)
 local live = base .. 'live'
 local reply = {}
 local woken = {}
-local fire_at = 3 + n * 13
+local fire_at = 3 + n * 14
 local task = ARGV[fire_at]
 if task then
   local stored = redis.call('HGET', base .. 'wm', task) or ''
@@ -54,7 +56,7 @@ local held_run = {}
 local batch_ids = {}
 local batch_keys = {}
 for i = 0, n - 1 do
-  local o = 3 + i * 13
+  local o = 3 + i * 14
   local id, run_id, lk = ARGV[o], ARGV[o + 1], ARGV[o + 12]
   if batch_ids[id] then
     held[i] = id
@@ -78,7 +80,7 @@ for i = 0, n - 1 do
 end
 
 for i = 0, n - 1 do
-  local o = 3 + i * 13
+  local o = 3 + i * 14
   local id, run_id, name, queue = ARGV[o], ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
   local lk = ARGV[o + 12]
   local jk = base .. 'j:' .. id
@@ -102,7 +104,11 @@ for i = 0, n - 1 do
       'key', ARGV[o + 5], 'tenant', ARGV[o + 6], 'max', ARGV[o + 7], 'att', 0, 'claim', 0,
       'by', '', 'vis', '', 'run_at', string.format('%.0f', run_at), 'created', now_s,
       'updated', now_s, 'err', '', 'errc', '', 'errs', '', 'result', 'null',
-      'tp', ARGV[o + 10], 'eb', ARGV[o + 11], 'state', state, 'm', m, 'lk', lk)
+      'tp', ARGV[o + 10], 'eb', ARGV[o + 11], 'state', state, 'm', m, 'lk', lk,
+      'par', ARGV[o + 13])
+    if ARGV[o + 13] ~= '' then
+      redis.call('ZADD', base .. 'c:' .. string.sub(ARGV[o + 13], 2), seq, id)
+    end
     redis.call('HSET', live, lk, id)
     redis.call('HSET', base .. 's:' .. run_id, '#job', id)
     redis.call('SADD', base .. 'queues', queue)
