@@ -153,9 +153,23 @@ async def test_a_fan_out_parent_recovers_from_a_kill_at_every_boundary(
         f"sum:{total}": 1,
         **{f"child:{n}": 1 for n in range(items)},
     }
+    store = capability(target.driver, "children")
+    while_parked: list[int] = []
     for parent in parents:
         assert parent is not None and parent.result == total
+        # Each child settled between the parent's park (its wait written) and its resume (the
+        # results written), while one-slot workers served the queue: the parked parent held no
+        # slot. One clock stamps both (the backend's).
+        (wait,) = [s for s in parent.steps if s.name == "children"]
+        assert wait.status == "completed" and wait.started_at and wait.completed_at
+        kids = await store.children(parent.run_id)
+        assert len(kids) == items and {k.state.value for k in kids} == {"done"}
+        while_parked.append(
+            sum(1 for k in kids if wait.started_at <= k.updated_at <= wait.completed_at)
+        )
+    assert while_parked == [items] * len(parents)
     claims = [parent.claim for parent in parents]
     request.config.stash[KILL_POINTS].append((f"fanout-{items}", len(report.kill_points)))
     request.node.user_properties.append(("kill_points", len(report.kill_points)))
     request.node.user_properties.append(("parent_claims", claims))
+    request.node.user_properties.append(("children_run_while_parent_parked", while_parked))
