@@ -22,7 +22,7 @@ from jobs_core._crash import (
     check_recovery,
     kill_points,
 )
-from jobs_core.driver import capability
+from jobs_core.driver import ChildJobs, capability
 from jobs_core.errors import CrashDivergedError
 from jobs_core.job import JobHandle, JobRegistry
 
@@ -138,7 +138,6 @@ async def test_a_fan_out_parent_recovers_from_a_kill_at_every_boundary(
     the children's settle events wake it in time.
     """
     target.require("events")
-    target.require("children")
     parents: list[Any] = []
     report = await _check(
         target, crash_worker_command, reference.fan_out, tmp_path, items=items, parents=parents
@@ -153,7 +152,7 @@ async def test_a_fan_out_parent_recovers_from_a_kill_at_every_boundary(
         f"sum:{total}": 1,
         **{f"child:{n}": 1 for n in range(items)},
     }
-    store = capability(target.driver, "children")
+    store: ChildJobs = target.require("children")
     while_parked: list[int] = []
     for parent in parents:
         assert parent is not None and parent.result == total
