@@ -197,7 +197,7 @@ async def await_children(
             failure = _failure(name, i, job_id, row)
     if failure is not None and (fail_fast or not live):
         if live and cancel_children and kids.introspect is not None:
-            await _cancel_all(kids.introspect, live, f"a sibling of step {name!r} failed")
+            await _cancel_all(kids, live, f"a sibling of step {name!r} failed")
         await runner._record_failure(name, record.attempts, failure.message, now)
         raise failure
     if live:
@@ -217,12 +217,15 @@ async def await_children(
     return output
 
 
-async def _cancel_all(introspect: Introspector, ids: Sequence[UUID], reason: str) -> None:
+async def _cancel_all(kids: Children, ids: Sequence[UUID], reason: str) -> None:
+    """Cancel the live rows ``ids`` and, through :func:`cancel_children_of`, their children."""
+    assert kids.introspect is not None
     for job_id in ids:
         try:
-            await introspect.cancel(job_id, reason)
+            child = await kids.introspect.cancel(job_id, reason)
         except (JobNotCancellableError, JobNotFoundError):
             continue
+        await cancel_children_of(kids.driver, child, reason)
 
 
 async def publish_settled(bus: EventBus, parent_run_id: UUID, job_id: UUID, state: str) -> None:
