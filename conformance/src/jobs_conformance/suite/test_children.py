@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 from uuid import UUID
@@ -16,6 +16,7 @@ from jobs_core import JobRegistry, Retry, classify, job, use_driver
 from jobs_core import introspect as ops
 from jobs_core.children import CHILD_SETTLED, child_ids
 from jobs_core.driver import ChildJobs, capability
+from jobs_core.types import BuriedJob, NackOptions, StepRecord, StepWrite
 from jobs_core.worker import Worker
 
 BROKE = "X_CONFORMANCE_CHILD_BROKE"
@@ -99,11 +100,13 @@ def _jobs(registry: JobRegistry, released: asyncio.Event, seen: list[tuple[str, 
 
 
 @asynccontextmanager
-async def _worker(target: Target, registry: JobRegistry) -> AsyncIterator[Worker]:
+async def _worker(
+    target: Target, registry: JobRegistry, queues: Sequence[str] = ("default",)
+) -> AsyncIterator[Worker]:
     # One slot: children can only run while the parent waits if the parent holds no slot.
     worker = Worker(
         target.driver,
-        queues=["default"],
+        queues=list(queues),
         concurrency=1,
         poll_interval="5ms",
         idle_poll_max="20ms",
@@ -248,3 +251,54 @@ async def test_cancelling_a_parent_cancels_its_live_children(target: Target) -> 
         released.set()
         await asyncio.sleep(0.05)
     assert (await outcome(target.driver, result.id))[0] == "cancelled"
+
+
+async def test_a_child_buried_by_the_claim_wakes_its_parent(target: Target) -> None:
+    """A child buried by the claim (its final lease lapsed) wakes its parent.
+
+    The buried row carries its parent run, and the worker whose claim buried it publishes its
+    ending, so the parked parent is due at once, not at the backstop.
+    """
+    _store(target)
+    introspect = target.require("introspect")
+    driver = target.driver
+    parent = request("parent", queue="parents")
+    await driver.enqueue(parent)
+    [held] = await claim(driver, "parents")
+    wait = StepRecord(
+        "kids",
+        "waiting",
+        started_at=await driver.steps.now(),
+        event=CHILD_SETTLED,
+        match={"parent_run_id": str(parent.run_id)},
+    )
+    assert await driver.steps.write(StepWrite(held.id, held.fence, held.run_id, wait))
+    far = 3_600_000
+    assert await driver.nack(held.id, NackOptions(held.fence, delay_ms=far, park=True))
+    kids = [
+        dataclasses.replace(
+            request(f"kid-{i}", queue="kids", max_attempts=1), parent_run_id=parent.run_id
+        )
+        for i in range(2)
+    ]
+    # Each is claimed by a claimant that dies, so its only attempt lapses; the first is buried
+    # by a bare claim (which publishes nothing), the second by a worker's.
+    await driver.enqueue(kids[0])
+    assert len(await claim(driver, "kids", vt=200, worker="gone")) == 1
+    await target.advance(400)
+    buried: list[BuriedJob] = []
+    assert await claim(driver, "kids", on_exhausted=buried.append) == []
+    assert [(b.id, b.parent_run_id) for b in buried] == [(kids[0].id, parent.run_id)]
+    await driver.enqueue(kids[1])
+    assert len(await claim(driver, "kids", vt=200, worker="gone")) == 1
+    await target.advance(400)
+    before = await introspect.get(parent.id)
+    assert before.state.value == "suspended" and before.run_at > await driver.steps.now()
+    # The other child is buried by a real worker's claim: the worker publishes its ending.
+    async with _worker(target, JobRegistry(), queues=["kids"]):
+
+        async def woken() -> bool:
+            row = await introspect.get(parent.id)
+            return bool(row.run_at <= await driver.steps.now())
+
+        await eventually(woken, what="the parent to be made due by the buried child")

@@ -122,12 +122,14 @@ class BuriedJob:
         name: the job name.
         queue: its queue.
         state: ``dead`` (dead-lettered) or ``failed`` (its name was in ``drop_exhausted``).
+        parent_run_id: the run that enqueued it as a child job (its parent is woken).
     """
 
     id: UUID
     name: str
     queue: str
     state: JobState
+    parent_run_id: UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -564,7 +564,7 @@ class PostgresDriver:
                 if not row[17]:
                     self._db.remember_stepless(row[1])
             else:
-                buried.append(BuriedJob(row[0], row[2], row[3], JobState(row[13])))
+                buried.append(BuriedJob(row[0], row[2], row[3], JobState(row[13]), row[16]))
         if req.on_exhausted is not None:
             for job in buried:
                 req.on_exhausted(job)

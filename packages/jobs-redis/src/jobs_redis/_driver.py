@@ -993,9 +993,17 @@ class RedisDriver:
             self._s.preload(job.run_id, v[14])
             jobs.append(job)
         if req.on_exhausted is not None:
-            for i in range(0, len(buried), 4):
-                job_id, name, queue, state = buried[i : i + 4]
-                req.on_exhausted(BuriedJob(UUID(job_id), name, queue, JobState(state)))
+            for i in range(0, len(buried), 5):
+                job_id, name, queue, state, parent = buried[i : i + 5]
+                req.on_exhausted(
+                    BuriedJob(
+                        UUID(job_id),
+                        name,
+                        queue,
+                        JobState(state),
+                        UUID(parent[1:]) if parent else None,
+                    )
+                )
         return jobs
 
     def _fence(self, fence: Fence) -> list[Any]:

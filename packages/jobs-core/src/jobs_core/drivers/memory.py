@@ -2149,7 +2149,9 @@ class MemoryDriver:
                         row.last_error_code = MaxAttemptsError.code
                         row.last_error_stack = None
                         m.finish(row, state, now)
-                        buried.append(BuriedJob(row.id, row.name, row.queue, state))
+                        buried.append(
+                            BuriedJob(row.id, row.name, row.queue, state, row.parent_run_id)
+                        )
                         continue
                 row.state = JobState.RUNNING
                 row.claim += 1
