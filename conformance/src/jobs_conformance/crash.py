@@ -26,7 +26,7 @@ from jobs_conformance import reference
 from jobs_core._crash import RunResult, TraceEvent, queue_counts, row_state
 from jobs_core.driver import JobDriver, PublishRequest, capability
 from jobs_core.job import JobHandle
-from jobs_core.types import LIVE_STATES, JSONValue
+from jobs_core.types import LIVE_STATES, EnqueueRequest, JSONValue
 
 APP = "jobs_conformance.reference"
 """The module a worker subprocess imports: it declares the reference jobs and arms the hook."""
@@ -60,6 +60,7 @@ class SubprocessRun:
         workdir: where trace files and worker logs go.
         events: payloads to publish when a run waits (see :data:`reference.EVENTS`).
         timeout_s: real seconds one scenario may take.
+        last: the request of the scenario run last (its ids, for a test to read the row).
     """
 
     driver: JobDriver
@@ -67,6 +68,7 @@ class SubprocessRun:
     workdir: Path
     events: Mapping[str, JSONValue]
     timeout_s: float = 90.0
+    last: EnqueueRequest | None = None
 
     def _start(self, trace: Path, kill_at: int | None, n: int) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
@@ -86,8 +88,15 @@ class SubprocessRun:
         log = (self.workdir / f"{trace.stem}.worker{n}.log").open("wb")
         return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
 
-    async def run(self, handle: JobHandle[Any, Any], kill_at: int | None) -> RunResult:
+    async def run(
+        self, handle: JobHandle[Any, Any], kill_at: int | None, items: int = 6
+    ) -> RunResult:
         """Run one scenario of ``handle``; answer how it ended and its trace.
+
+        Args:
+            handle: the reference job.
+            kill_at: the boundary to SIGKILL the worker at (``None``: a clean run).
+            items: the input's ``items`` (batches of the consumer, children of the fan-out).
 
         Raises:
             TimeoutError: it did not settle within ``timeout_s``.
@@ -95,7 +104,7 @@ class SubprocessRun:
         tag = uuid.uuid4().hex[:12]
         trace = self.workdir / f"{handle.name}-{tag}.trace"
         trace.write_text("")
-        req = handle.build_request(reference.RefInput(log=str(trace), tag=tag))
+        req = handle.build_request(reference.RefInput(log=str(trace), tag=tag, items=items))
         baseline = await queue_counts(self.driver, req.queue)
         await self.driver.enqueue(req)
         loop = asyncio.get_running_loop()
@@ -117,6 +126,7 @@ class SubprocessRun:
                 await asyncio.sleep(0.05)
         finally:
             await _stop(worker)
+        self.last = req
         records = await self.driver.steps.load(req.run_id)
         return RunResult(
             state,

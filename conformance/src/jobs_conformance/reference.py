@@ -186,6 +186,55 @@ async def batch_consumer(input: RefInput, step: Step, ctx: JobContext) -> int:
     return batches
 
 
+class Addend(BaseModel):
+    """A child of ``conformance.ref.fanout``: its number, answered after one effect."""
+
+    log: str
+    tag: str
+    n: int
+
+
+def _counted(log: str, n: int) -> int:
+    effect(log, f"child:{n}")
+    return n
+
+
+@job(
+    input=Addend,
+    idempotency_key=lambda i: f"{i.tag}:{i.n}",
+    tenant="none",
+    # Not under PREFIX: the trace marks (and the kills land at) the parent's boundaries only.
+    name="conformance.kid.addend",
+    queue=QUEUE,
+    retry=Retry(attempts=3, delay="100ms"),
+)
+async def addend(input: Addend, step: Step, ctx: JobContext) -> int:
+    """One child: a step with one effect (``child:<n>``) answering ``n``."""
+    return int(await step.run("count", _counted, input.log, input.n))
+
+
+@_declare("fanout", event_poll="1h")
+async def fan_out(input: RefInput, step: Step, ctx: JobContext) -> int:
+    """A step, ``input.items`` children gathered (the run parks), a step recording their sum.
+
+    ``event_poll="1h"``: only the children's settle events wake the parked run in time.
+    """
+    await step.run("plan", _acts("plan"), input.log)
+    calls = [(addend, Addend(log=input.log, tag=input.tag, n=n)) for n in range(input.items)]
+    values = await step.gather("children", calls)
+    total = sum(int(str(v)) for v in values)
+    await step.run("sum", _acts(f"sum:{total}"), input.log)
+    return total
+
+
+CHILDREN = {"fanout": (addend,)}
+"""The child jobs each reference job starts (a worker must know them too)."""
+
+FAN_OUT_BOUNDARIES = 10
+"""Step boundaries of a clean ``conformance.ref.fanout`` run: 3 + 2 (enqueue, park) + 2 (the
+gathered results written) + 3."""
+
+
 @_declare("leaky")
 async def leaky(input: RefInput, step: Step, ctx: JobContext) -> None:
     """NOT crash-proof: an effect outside any step repeats on every replay after a crash."""

@@ -840,3 +840,47 @@ def test_stats_shows_a_dash_for_the_oldest_wait_of_a_queue_with_nothing_due(
     [line] = [ln for ln in shown.stdout.splitlines() if ln.startswith("default")]
     assert "0.0s" not in line
     assert " - " in f"{line} "
+
+
+class Part(BaseModel):
+    n: int
+
+
+@pytest.fixture
+def assembly() -> Iterator[Any]:
+    """A parent gathering two child jobs, in the process-wide registry, forgotten afterwards."""
+
+    @job(input=Part, idempotency_key=lambda p: str(p.n), tenant="none", name="cli.part")
+    async def part(input: Part, step: Any, ctx: Any) -> int:
+        return input.n * 10
+
+    @job(input=Part, idempotency_key=lambda p: str(p.n), tenant="none", name="cli.assemble")
+    async def assemble(input: Part, step: Any, ctx: Any) -> int:
+        parts = await step.gather("parts", [(part, Part(n=1)), (part, Part(n=2))])
+        return sum(int(str(p)) for p in parts)
+
+    yield assemble
+    REGISTRY.unregister("cli.part")
+    REGISTRY.unregister("cli.assemble")
+
+
+def test_show_links_a_parent_and_its_child_jobs(mem: MemoryDriver, assembly: Any) -> None:
+    async def build() -> UUID:
+        parent = await assembly.enqueue(Part(n=7))
+        await run_jobs(mem, queues=["default"])
+        return parent.id
+
+    parent_id = run(mem, build())
+    shown = as_json(invoke(mem, "show", str(parent_id), "--json"))
+    assert shown["job"]["state"] == "done" and shown["job"]["result"] == 30
+    children = shown["children"]
+    assert [c["name"] for c in children] == ["cli.part", "cli.part"]
+    assert {c["state"] for c in children} == {"done"}
+    child = as_json(invoke(mem, "show", children[0]["id"], "--json"))
+    assert child["job"]["parent_run_id"] == shown["job"]["run_id"]
+    assert child["children"] == []
+    people = invoke(mem, "show", str(parent_id))
+    assert people.exit_code == 0, people.output
+    assert "children" in people.stdout and children[1]["id"] in people.stdout
+    kid = invoke(mem, "show", children[0]["id"])
+    assert "parent run" in kid.stdout and shown["job"]["run_id"] in kid.stdout

@@ -18,6 +18,7 @@ from jobs_conformance.target import request as conformance_request
 from jobs_core.driver import (
     CAPABILITIES,
     BackfillLedger,
+    ChildJobs,
     CounterStore,
     EventBus,
     EventQuery,
@@ -134,10 +135,12 @@ async def test_protocols_capabilities_and_describe(mem: MemoryDriver) -> None:
         "retention",
         "priority",
         "debounce",
+        "children",
     }
     assert isinstance(mem.outbox, OutboxStore)
     assert isinstance(mem.backfills, BackfillLedger)
     assert isinstance(mem.retention, RetentionStore)
+    assert isinstance(mem.children, ChildJobs)
     assert mem.capabilities == carried
     assert set(CAPABILITIES) == carried, "the memory driver carries every capability"
     described = mem.describe()

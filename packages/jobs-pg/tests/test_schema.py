@@ -48,7 +48,7 @@ DECLARED_TABLES = {
         "run_at timestamptz!, visible_at timestamptz, claimed_by text, claim int4!,"
         "wake_pending bool!, last_error text, last_error_code text, last_error_stack text,"
         "result jsonb, progress jsonb, traceparent text, enqueued_by text, created_at timestamptz!,"
-        "updated_at timestamptz!, priority int2!, debounced bool!"
+        "updated_at timestamptz!, priority int2!, debounced bool!, parent_run_id uuid"
     ),
     "leases": (
         "lease_key text!, slot int4!, holder text!, expires_at timestamptz!,"
@@ -90,6 +90,7 @@ DECLARED_INDEXES = {
     "jobs_tenant_listing": "(tenant_id, created_at, id) WHERE (tenant_id IS NOT NULL)",
     "jobs_dead_listing": "(queue, created_at, id) WHERE (state = 'dead'::text)",
     "jobs_run": "UNIQUE (run_id)",
+    "jobs_parent_run": "(parent_run_id, created_at, id) WHERE (parent_run_id IS NOT NULL)",
     "job_steps_waiting": "(event) WHERE (status = 'waiting'::text)",
     "events_find": "(name, published_at, seq)",
     "events_expiry": "(expires_at)",

@@ -85,6 +85,7 @@ async def test_protocols_capabilities_and_describe(driver: RedisDriver) -> None:
         "workers",
         "priority",
         "debounce",
+        "children",
     }
     described = driver.describe()
     assert described["capabilities"] == sorted(driver.capabilities)

@@ -88,6 +88,7 @@ async def test_every_script_is_called_by_the_driver(throwaway: Throwaway) -> Non
     await driver.retention.purge_settled(
         RetentionRequest(frozenset({JobState.CANCELLED}), datetime.now(UTC), 10)
     )
+    await driver.children.children(first.run_id)
     names = sorted(SCRIPTS)
     loaded = await client.script_exists(*(SCRIPTS[n].sha for n in names))
     await client.aclose()

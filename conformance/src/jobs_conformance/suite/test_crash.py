@@ -22,6 +22,7 @@ from jobs_core._crash import (
     check_recovery,
     kill_points,
 )
+from jobs_core.driver import ChildJobs, capability
 from jobs_core.errors import CrashDivergedError
 from jobs_core.job import JobHandle, JobRegistry
 
@@ -29,15 +30,28 @@ WorkerCommand = Callable[[str], Sequence[str]] | None
 
 
 async def _check(
-    target: Target, command: WorkerCommand, handle: JobHandle[Any, Any], workdir: Path
+    target: Target,
+    command: WorkerCommand,
+    handle: JobHandle[Any, Any],
+    workdir: Path,
+    items: int = 6,
+    parents: list[Any] | None = None,
 ) -> CrashReport:
-    """Run the clean scenario, then one killed at each boundary, checking every recovery."""
+    """Run the clean scenario, then one killed at each boundary, checking every recovery.
+
+    ``items`` is the input's; ``parents`` (when given) collects each scenario's final row, read
+    through ``introspect`` (subprocess runs only).
+    """
     if command is not None:
         watcher = await target.real_time() if target.manual else target.driver
-        runner = SubprocessRun(watcher, command, workdir, reference.EVENTS)
+        runner = SubprocessRun(watcher, command, workdir, reference.EVENTS, timeout_s=600.0)
 
         async def scenario(kill_at: int | None) -> Any:
-            return await runner.run(handle, kill_at)
+            result = await runner.run(handle, kill_at, items)
+            introspect = capability(watcher, "introspect")
+            if parents is not None and introspect is not None and runner.last is not None:
+                parents.append(await introspect.get(runner.last.id))
+            return result
 
         try:
             return await _kill_everywhere(scenario, handle)
@@ -47,6 +61,8 @@ async def _check(
     else:
         registry = JobRegistry()
         registry.register(handle)
+        for child in reference.CHILDREN.get(handle.name.removeprefix(reference.PREFIX), ()):
+            registry.register(child)
         logs = iter(range(1_000_000))
         in_process = InProcessRun(
             target.driver, registry, target.clock, 1_000, reference.EVENTS, None
@@ -56,7 +72,8 @@ async def _check(
             log = workdir / f"{handle.name}-{next(logs)}.log"
             in_process.effects = lambda: reference.effects_of(str(log))
             tag = log.stem.replace(".", "-")
-            return await in_process.run(handle, reference.RefInput(log=str(log), tag=tag), kill_at)
+            value = reference.RefInput(log=str(log), tag=tag, items=items)
+            return await in_process.run(handle, value, kill_at)
 
     return await _kill_everywhere(scenario, handle)
 
@@ -100,3 +117,58 @@ async def test_an_effect_outside_a_step_is_flagged(
     assert raised.value.code == "X_JOB_CRASH_DIVERGED"
     assert raised.value.meta["effect"] == "audit"
     assert raised.value.meta["kind"] == "extra-effect"
+
+
+@pytest.mark.parametrize(
+    "items",
+    [10, pytest.param(100, marks=[pytest.mark.slow, pytest.mark.timeout(3_600)])],
+)
+async def test_a_fan_out_parent_recovers_from_a_kill_at_every_boundary(
+    target: Target,
+    crash_worker_command: WorkerCommand,
+    items: int,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A fan-out parent killed at each of its boundaries recovers; its children ran once each.
+
+    The sum of the ``items`` children is right, and they ran while the parent waited on a
+    one-slot worker. Every worker has ``concurrency=1``: a parent that held its slot while
+    waiting would leave no slot for its children and never settle. ``event_poll="1h"``: only
+    the children's settle events wake it in time.
+    """
+    target.require("events")
+    parents: list[Any] = []
+    report = await _check(
+        target, crash_worker_command, reference.fan_out, tmp_path, items=items, parents=parents
+    )
+    total = sum(range(items))
+    assert len(report.kill_points) == reference.FAN_OUT_BOUNDARIES, [
+        str(k) for k in report.kill_points
+    ]
+    assert report.outcome == ("done", None)
+    assert dict(report.effects) == {
+        "plan": 1,
+        f"sum:{total}": 1,
+        **{f"child:{n}": 1 for n in range(items)},
+    }
+    store: ChildJobs = target.require("children")
+    while_parked: list[int] = []
+    for parent in parents:
+        assert parent is not None and parent.result == total
+        # Each child settled between the parent's park (its wait written) and its resume (the
+        # results written), while one-slot workers served the queue: the parked parent held no
+        # slot. One clock stamps both (the backend's).
+        (wait,) = [s for s in parent.steps if s.name == "children"]
+        assert wait.status == "completed" and wait.started_at and wait.completed_at
+        kids = await store.children(parent.run_id)
+        assert len(kids) == items and {k.state.value for k in kids} == {"done"}
+        while_parked.append(
+            sum(1 for k in kids if wait.started_at <= k.updated_at <= wait.completed_at)
+        )
+    assert while_parked == [items] * len(parents)
+    claims = [parent.claim for parent in parents]
+    request.config.stash[KILL_POINTS].append((f"fanout-{items}", len(report.kill_points)))
+    request.node.user_properties.append(("kill_points", len(report.kill_points)))
+    request.node.user_properties.append(("parent_claims", claims))
+    request.node.user_properties.append(("children_run_while_parent_parked", while_parked))

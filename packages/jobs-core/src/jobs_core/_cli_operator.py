@@ -306,7 +306,15 @@ def _print_page(page: JobPage, as_json_output: bool) -> None:
         console.print(Text(f"newer: --before {page.prev}", "dim"))
 
 
-def _show(view: JobView) -> None:
+async def _job_and_children(driver: JobDriver, job_id: str) -> tuple[JobView, list[JobView]]:
+    """Answer one job and the child jobs its run started (none without ``children``)."""
+    view = await introspect.get_job(driver, job_id)
+    if "children" not in driver.capabilities:
+        return view, []
+    return view, await introspect.children(driver, view.job.id)
+
+
+def _show(view: JobView, children: list[JobView] | None = None) -> None:
     job = view.job
     console = _console()
     head = Table.grid(padding=(0, 2))
@@ -328,6 +336,7 @@ def _show(view: JobView) -> None:
         ("claimed by", job.claimed_by or ""),
         ("enqueued by", job.enqueued_by or ""),
         ("traceparent", job.traceparent or ""),
+        ("parent run", "" if job.parent_run_id is None else str(job.parent_run_id)),
     ]
     for label, value in fields:
         if value:
@@ -364,6 +373,20 @@ def _show(view: JobView) -> None:
                 escape(step.error or ""),
             )
         console.print(steps)
+    if children:
+        table = Table(title="children", title_justify="left", box=None, header_style="bold")
+        for column in ("ID", "NAME", "STATE", "ATTEMPT", "ERROR"):
+            table.add_column(column, no_wrap=column == "ID")
+        for child in children:
+            row = child.job
+            table.add_row(
+                str(row.id),
+                escape(row.name),
+                row.state.value,
+                _attempt(row),
+                escape(_error_cell(row)),
+            )
+        console.print(table)
     note = "" if view.declared else " (declaration not imported: pass --app MODULE)"
     console.print(Text.assemble(("input", "bold"), note))
     console.print(json.dumps(job.input, indent=2, sort_keys=True), markup=False)
@@ -493,18 +516,27 @@ def add_operator_commands(app: typer.Typer, *, driver: JobDriver | None = None) 
         driver_url: DriverOption = None,
         apps: AppOption = None,
     ) -> None:
-        """Show one job: steps, progress, last error and stack, and its redacted input."""
-        view = session.run(
-            driver_url, apps, "cannot show the job", lambda d: introspect.get_job(d, job_id)
+        """Show one job: steps, progress, last error, parent run, child jobs, redacted input."""
+        view, children = session.run(
+            driver_url, apps, "cannot show the job", lambda d: _job_and_children(d, job_id)
         )
         if as_json_output:
             shown = cast(dict[str, Any], as_json(view))
+            shown["children"] = [
+                {
+                    "id": str(child.job.id),
+                    "name": child.job.name,
+                    "state": child.job.state.value,
+                    "last_error_code": child.job.last_error_code,
+                }
+                for child in children
+            ]
             # The table's TRIES, for scripts too (a step's ``attempts`` counts its failures).
             for step, record in zip(shown["job"]["steps"], view.job.steps, strict=True):
                 step["tries"] = None if record.status == "waiting" else int(_tries(record))
             typer.echo(json.dumps(shown, indent=2, sort_keys=True))
         else:
-            _show(view)
+            _show(view, children)
 
     @app.command("retry")
     def retry(

@@ -81,6 +81,7 @@ CAPABILITIES: tuple[str, ...] = (
     "retention",
     "priority",
     "debounce",
+    "children",
 )
 """Every optional capability a driver may declare: a store's attribute name, or a flag."""
 
@@ -913,6 +914,31 @@ class BackfillLedger(Protocol):
         Raises:
             DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a limit outside
                 1..1,000.
+        """
+        ...
+
+
+@runtime_checkable
+class ChildJobs(Protocol):
+    """Child jobs (the ``children`` capability): rows a run's ``step.invoke``/``gather`` enqueued.
+
+    They are found by the parent's run id the driver stored with them
+    (:attr:`~jobs_core.types.EnqueueRequest.parent_run_id`). A driver declaring it also hands
+    ``parent_run_id`` back on :class:`~jobs_core.types.ClaimedJob` (the worker publishes the
+    child's settle from it) and on :class:`~jobs_core.types.JobInfo`.
+    """
+
+    async def children(self, run_id: UUID, ids: Sequence[UUID] | None = None) -> list[JobInfo]:
+        """Answer the rows whose parent run is ``run_id``, oldest ``created_at`` first.
+
+        Rows enqueued in one batch share ``created_at``; their order is the driver's.
+
+        Args:
+            run_id: the parent's run id.
+            ids: only these job ids (``None``: every child of the run).
+
+        Returns:
+            The rows without step traces (``steps`` empty); empty when the run has none.
         """
         ...
 

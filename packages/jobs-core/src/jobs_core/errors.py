@@ -221,6 +221,15 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "Raise timeout=, make the body honour ctx.cancel, or handle the missing event.",
     ),
     ErrorCode(
+        "X_JOB_CHILD_FAILED",
+        "ChildJobFailedError",
+        "A child job of step.invoke/step.gather ended without a result (dead, failed, cancelled "
+        "or removed); the error carries the child's own code when it has one.",
+        "Read the child's last error (jobsctl show CHILD_ID), fix it, then requeue the child and "
+        "the parent.",
+        "terminal",
+    ),
+    ErrorCode(
         "X_JOB_CANCELLED",
         "JobCancelledError",
         "An operator cancelled the job while it was live.",
@@ -771,6 +780,25 @@ class JobCancelledError(JobsError):
     """An operator cancelled the job while it was live."""
 
     code = "X_JOB_CANCELLED"
+
+
+class ChildJobFailedError(JobsError):
+    """A child job of ``step.invoke``/``step.gather`` ended without a result.
+
+    ``code`` is the child's own error code when it has one (``X_JOB_MAX_ATTEMPTS``, the app's
+    code, ``X_JOB_CANCELLED`` for a cancelled child...), else ``X_JOB_CHILD_FAILED``; ``meta``
+    names the step, the child's job id, state and code. Terminal: a replay meets the same child.
+    """
+
+    code = "X_JOB_CHILD_FAILED"
+
+    def __init__(self, message: str, *, child_code: str | None = None, **meta: Any) -> None:
+        """Fail with ``message``, carrying ``child_code`` as this error's code when set."""
+        if child_code:
+            # An instance attribute shadows the class's code: the parent row then records the
+            # child's code as its own last error code.
+            self.__dict__["code"] = child_code
+        super().__init__(message, child_code=child_code, terminal=True, **meta)
 
 
 class LeaseLostError(JobsError):

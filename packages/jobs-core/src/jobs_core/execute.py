@@ -34,6 +34,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from jobs_core._settle import SettleRetry
 from jobs_core._threads import run_in_thread
+from jobs_core.children import Children, publish_settled
 from jobs_core.clock import SYSTEM_CLOCK, Clock
 from jobs_core.context import CancelSignal, JobContext, JobIds, JobLogger
 from jobs_core.driver import (
@@ -123,12 +124,19 @@ class AttemptEnv:
     events: EventBus | None = field(init=False)
     leases: LeaseStore | None = field(init=False)
     introspect: Introspector | None = field(init=False)
+    children: Children | None = field(init=False)
 
     def __post_init__(self) -> None:
         """Resolve the driver's optional stores once."""
         self.events = capability(self.driver, "events")
         self.leases = capability(self.driver, "leases")
         self.introspect = capability(self.driver, "introspect")
+        store = capability(self.driver, "children")
+        self.children = (
+            None
+            if store is None or self.events is None
+            else Children(self.driver, store, self.events, self.introspect)
+        )
 
 
 @dataclass(slots=True)
@@ -178,8 +186,21 @@ async def execute(env: AttemptEnv, attempt: Attempt) -> Outcome:
     """Run one attempt of a claimed row and settle it; answer the outcome.
 
     Never raises for a body's failure: every failure becomes a settle. Driver errors propagate
-    (the lease then lapses and the row is re-claimed).
+    (the lease then lapses and the row is re-claimed). A child job's ending (a row carrying
+    ``parent_run_id``) publishes ``jobs.child.settled``, waking its parent.
     """
+    outcome = await _execute(env, attempt)
+    job = attempt.job
+    if job.parent_run_id is not None and outcome in ENDINGS and env.events is not None:
+        await publish_settled(env.events, job.parent_run_id, job.id, _ENDED[outcome])
+    return outcome
+
+
+_ENDED = {"completed": "done", "dead-lettered": "dead", "dropped": "failed", "refused": "failed"}
+"""The state a row ends in, by the outcome of its last attempt (``ENDINGS`` only)."""
+
+
+async def _execute(env: AttemptEnv, attempt: Attempt) -> Outcome:
     job = attempt.job
     handle = env.registry.get(job.name)
     if handle is None:
@@ -286,6 +307,7 @@ async def _run(
         step_timeout_ms=handle.step_timeout_ms,
         event_poll_ms=handle.event_poll_ms,
         compensates=handle.compensates,
+        children=env.children,
     )
     attempt.runner = runner
     if attempt.cancel.is_set:

@@ -37,7 +37,9 @@ from enum import Enum
 from typing import Any, TypedDict, Unpack
 from uuid import UUID
 
+from jobs_core.children import cancel_children_of
 from jobs_core.driver import (
+    ChildJobs,
     CounterStore,
     Introspector,
     JobDriver,
@@ -73,6 +75,7 @@ __all__ = [
     "TaskOverview",
     "as_json",
     "cancel",
+    "children",
     "counter_totals",
     "counters",
     "get_job",
@@ -374,7 +377,9 @@ async def cancel(
     """Stop a live job.
 
     A queued one is ``cancelled`` now; a running one too, and its body's cancel signal fires at
-    the worker's next heartbeat.
+    the worker's next heartbeat. Its live child jobs (``step.invoke``/``step.gather`` declared
+    ``cancel_children=True``, the default) are cancelled too, theirs in turn; a cancelled child
+    wakes its parent, whose step then fails with the child's ``X_JOB_CANCELLED``.
 
     Returns:
         The cancelled row (not redacted).
@@ -386,7 +391,39 @@ async def cancel(
     """
     cancelled = await _introspector(driver).cancel(_job_id(job_id), reason)
     _logged("jobs.operator.cancelled", job_id=str(cancelled.id))
+    why = f"its parent {cancelled.id} was cancelled"
+    cascaded = await cancel_children_of(driver, cancelled, why)
+    if cascaded:
+        _logged(
+            "jobs.operator.cancelled-children",
+            job_id=str(cancelled.id),
+            children=[str(c) for c in cascaded],
+        )
     return cancelled
+
+
+async def children(
+    driver: JobDriver,
+    job_id: UUID | str,
+    *,
+    registry: JobRegistry | None = None,
+    redact_keys: Iterable[str] | None = None,
+) -> list[JobView]:
+    """Answer the child jobs a job's run enqueued (``step.invoke``/``step.gather``), redacted.
+
+    Oldest first, without step traces; empty for a job that started none.
+
+    Raises:
+        JobNotFoundError: ``X_JOB_NOT_FOUND`` for an unknown or malformed id.
+        NotImplementedByDriverError: ``X_NOT_IMPLEMENTED`` without ``introspect`` or
+            ``children``.
+    """
+    found = await _introspector(driver).get(_job_id(job_id))
+    if found is None:
+        raise JobNotFoundError(f"no job has id {job_id}", job_id=str(job_id))
+    store: ChildJobs = require_capability(driver, "children")
+    rows = await store.children(found.run_id)
+    return [redact_job(row, registry=registry, redact_keys=redact_keys) for row in rows]
 
 
 async def remove(driver: JobDriver, job_id: UUID | str) -> None:

@@ -18,10 +18,10 @@ import asyncio
 import inspect
 import types
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from pydantic import TypeAdapter, ValidationError
@@ -57,6 +57,10 @@ from jobs_core.types import (
     StepRecord,
     StepWrite,
 )
+
+if TYPE_CHECKING:
+    from jobs_core.children import Children
+    from jobs_core.job import JobHandle
 
 T = TypeVar("T")
 
@@ -168,8 +172,14 @@ class StepRunner:
         step_timeout_ms: int | None = None,
         event_poll_ms: int | None = None,
         compensates: bool = False,
+        children: Children | None = None,
     ) -> None:
-        """Create a runner over the records already persisted for ``run_id``."""
+        """Create a runner over the records already persisted for ``run_id``.
+
+        ``children`` carries the driver's stores ``invoke``/``gather`` need (``None``: the
+        driver lacks the ``children`` or ``events`` capability, and they raise
+        ``X_NOT_IMPLEMENTED``).
+        """
         self._store = store
         self._job_id = job_id
         self._fence = fence
@@ -182,6 +192,7 @@ class StepRunner:
         self._step_timeout_ms = step_timeout_ms
         self._event_poll_ms = event_poll_ms
         self._compensates = compensates
+        self._children = children
         self._names: set[str] = set()
         self._unnamed: dict[str, int] = {}
         self._aborted: JobsError | None = None
@@ -398,6 +409,83 @@ class StepRunner:
         if record.wake_at is not None:
             wake = min(wake, record.wake_at)
         raise self._suspend(wake, name)
+
+    async def invoke(
+        self,
+        name: str,
+        job: JobHandle[Any, Any],
+        input: Any,
+        *,
+        cancel_children: bool = True,
+        **enqueue_options: Any,
+    ) -> JSONValue:
+        """Run ``job`` as a child of this run and answer its result (the JSON form it stored).
+
+        The child is enqueued once ever (its id and idempotency key derive from this run's id
+        and ``name``); the run then parks, holding no worker slot, until the child settles (its
+        settle publishes the ``jobs.child.settled`` event that wakes this run).
+
+        Args:
+            name: the step name.
+            job: the child's job handle.
+            input: the child's input (validated as :meth:`JobHandle.enqueue` does).
+            cancel_children: cancelling this run cancels the child while it is live.
+            **enqueue_options: ``run_at``, ``delay``, ``queue``, ``tenant_id`` for the child.
+
+        Raises:
+            ChildJobFailedError: the child ended ``dead``, ``failed`` or ``cancelled`` (or was
+                removed); its ``code`` is the child's code (``X_JOB_CHILD_FAILED`` without
+                one). Terminal.
+            JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` for another enqueue option.
+            NotImplementedByDriverError: ``X_NOT_IMPLEMENTED`` without the ``children`` and
+                ``events`` capabilities.
+            JobsError: the enqueue's own validation errors (``X_JOB_INPUT_INVALID``, ...).
+        """
+        from jobs_core.children import await_children
+
+        return await await_children(
+            self,
+            name,
+            [(job, input)],
+            single=True,
+            fail_fast=True,
+            cancel_children=cancel_children,
+            options=enqueue_options,
+        )
+
+    async def gather(
+        self,
+        name: str,
+        calls: Sequence[tuple[JobHandle[Any, Any], Any]],
+        *,
+        fail_fast: bool = False,
+        cancel_children: bool = True,
+        **enqueue_options: Any,
+    ) -> list[JSONValue]:
+        """Fan out: run every ``(job, input)`` as a child; answer their results in input order.
+
+        Enqueued together once ever (like :meth:`invoke`); the run parks, holding no slot, and
+        each child's settle wakes it to look again. One child failing fails the step once every
+        child settled, or at once with ``fail_fast`` (its live siblings are then cancelled when
+        ``cancel_children``).
+
+        Raises:
+            ChildJobFailedError: the first failed child in input order (see :meth:`invoke`).
+            JobOptionsInvalidError: ``X_JOB_OPTIONS_INVALID`` for another enqueue option.
+            NotImplementedByDriverError: ``X_NOT_IMPLEMENTED`` as :meth:`invoke`.
+        """
+        from jobs_core.children import await_children
+
+        answer = await await_children(
+            self,
+            name,
+            list(calls),
+            single=False,
+            fail_fast=fail_fast,
+            cancel_children=cancel_children,
+            options=enqueue_options,
+        )
+        return list(answer) if isinstance(answer, list) else []
 
     async def begin_unwind(self, info: ErrorInfo) -> None:
         """Persist ``unwinding`` (with the failure that caused it) before any compensator runs."""
@@ -639,6 +727,43 @@ class SyncStep:
     def sleep_until(self, name: str, when: datetime) -> None:
         """Blocking :meth:`StepRunner.sleep_until`."""
         self._call(self._runner.sleep_until(name, when))
+
+    def invoke(
+        self,
+        name: str,
+        job: JobHandle[Any, Any],
+        input: Any,
+        *,
+        cancel_children: bool = True,
+        **enqueue_options: Any,
+    ) -> JSONValue:
+        """Blocking :meth:`StepRunner.invoke`."""
+        return self._call(
+            self._runner.invoke(
+                name, job, input, cancel_children=cancel_children, **enqueue_options
+            )
+        )
+
+    def gather(
+        self,
+        name: str,
+        calls: Sequence[tuple[JobHandle[Any, Any], Any]],
+        *,
+        fail_fast: bool = False,
+        cancel_children: bool = True,
+        **enqueue_options: Any,
+    ) -> list[JSONValue]:
+        """Blocking :meth:`StepRunner.gather`."""
+        answer: list[JSONValue] = self._call(
+            self._runner.gather(
+                name,
+                calls,
+                fail_fast=fail_fast,
+                cancel_children=cancel_children,
+                **enqueue_options,
+            )
+        )
+        return answer
 
     def wait_for_event(
         self,

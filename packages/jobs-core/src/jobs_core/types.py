@@ -91,6 +91,8 @@ class EnqueueRequest:
             ``debounce`` capability.
         debounce_max_ms: the cap on a debounced row's total wait, from its first enqueue
             (``None``: no cap).
+        parent_run_id: the run whose ``step.invoke``/``step.gather`` enqueued this row (a child
+            job); drivers with the ``children`` capability store it and list the row under it.
     """
 
     name: str
@@ -109,6 +111,7 @@ class EnqueueRequest:
     priority: int = 0
     debounce_ms: int | None = None
     debounce_max_ms: int | None = None
+    parent_run_id: UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +138,14 @@ class BuriedJob:
         name: the job name.
         queue: its queue.
         state: ``dead`` (dead-lettered) or ``failed`` (its name was in ``drop_exhausted``).
+        parent_run_id: the run that enqueued it as a child job (its parent is woken).
     """
 
     id: UUID
     name: str
     queue: str
     state: JobState
+    parent_run_id: UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +191,7 @@ class ClaimedJob:
         traceparent: the enqueuing span's trace context.
         enqueued_by: the actor that asked for the work.
         created_at: when the row was first queued (UTC).
+        parent_run_id: the run that enqueued this row as a child job (its settle wakes it).
     """
 
     id: UUID
@@ -202,6 +208,7 @@ class ClaimedJob:
     traceparent: str | None
     enqueued_by: str | None
     created_at: datetime
+    parent_run_id: UUID | None = None
 
     @property
     def fence(self) -> Fence:
@@ -372,6 +379,7 @@ class JobInfo:
     """One job as the operator surface shows it (``introspect.get``/``list``).
 
     ``input`` is the stored JSON form; redaction is applied by :mod:`jobs_core.introspect`.
+    ``parent_run_id`` is the run that enqueued the row as a child job (``None`` otherwise).
     """
 
     id: UUID
@@ -398,6 +406,7 @@ class JobInfo:
     traceparent: str | None = None
     steps: tuple[StepRecord, ...] = ()
     priority: int = 0
+    parent_run_id: UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)

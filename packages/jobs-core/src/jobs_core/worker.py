@@ -45,6 +45,7 @@ from jobs_core._current import bind_worker
 from jobs_core._durations import Duration, parse_duration
 from jobs_core._settle import SettleAbandonedError, SettleRetry
 from jobs_core._tracing import attempt_span
+from jobs_core.children import publish_settled
 from jobs_core.clock import SYSTEM_CLOCK, Clock
 from jobs_core.driver import JobDriver, TimedWakeSource, capability, preflight
 from jobs_core.errors import (
@@ -230,6 +231,8 @@ class Worker:
         self.limits = limits
         self._gate = LimitGate(limits, self.clock) if limits is not None else None
         self._held: dict[tuple[UUID, int], _Held] = {}
+        # Settle publishes of child jobs the claim buried (awaited nowhere; kept until done).
+        self._publishing: set[asyncio.Task[None]] = set()
         # Queue -> rows in ``_held`` whose body runs (``_busy``) or whose ack is in flight
         # (``_acking``), kept in step with it: a claim pass reads them in O(queues).
         self._busy: Counter[str] = Counter()
@@ -538,6 +541,15 @@ class Worker:
                 "state": str(buried.state),
             },
         )
+        bus = capability(self.driver, "events")
+        if buried.parent_run_id is not None and bus is not None:
+            # A buried child ended: wake its parent as a settle would (``publish_settled`` logs
+            # and swallows its own failures).
+            task = asyncio.get_running_loop().create_task(
+                publish_settled(bus, buried.parent_run_id, buried.id, str(buried.state))
+            )
+            self._publishing.add(task)
+            task.add_done_callback(self._publishing.discard)
 
     def _hold(self, job: ClaimedJob) -> _Held:
         """Count a claimed row in its queue's slots (its body starts with :meth:`_begin`)."""

@@ -167,6 +167,7 @@ def enqueue_params(reqs: Sequence[EnqueueRequest]) -> dict[str, str]:
                 "traceparent": req.traceparent,
                 "enqueued_by": req.enqueued_by,
                 "priority": req.priority,
+                "parent_run_id": None if req.parent_run_id is None else req.parent_run_id.hex,
             }
         )
     try:
@@ -232,6 +233,7 @@ def job_info(row: Row, steps: Sequence[StepRecord] = ()) -> JobInfo:
         traceparent=row[21],
         steps=tuple(steps),
         priority=row[22],
+        parent_run_id=row[23] if len(row) > 23 else None,
     )
 
 

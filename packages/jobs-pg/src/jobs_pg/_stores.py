@@ -511,6 +511,26 @@ def _position(row: Row) -> tuple[datetime, UUID]:
     return (row[12], row[0])
 
 
+class PgChildJobs:
+    """Child jobs (the ``children`` capability) on the ``jobs_parent_run`` index (0011).
+
+    Args:
+        db: the driver's connection plumbing.
+    """
+
+    def __init__(self, db: Db) -> None:
+        self._db = db
+
+    async def children(self, run_id: UUID, ids: Sequence[UUID] | None = None) -> list[JobInfo]:
+        """Answer run ``run_id``'s child rows (only ``ids`` when given), oldest first.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``.
+        """
+        params = {"run_id": run_id, "ids": None if ids is None else list(ids)}
+        return [job_info(row) for row in await self._db.rows("children", params)]
+
+
 class PgLeaseStore:
     """Fleet-wide concurrency slots in ``leases``: ``(key, slot)`` rows with an expiry.
 

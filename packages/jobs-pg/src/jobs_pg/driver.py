@@ -65,6 +65,7 @@ from jobs_pg._records import debounce_params, enqueue_params, json_text
 from jobs_pg._retention import PgRetentionStore
 from jobs_pg._sql import check_schema, wake_channel
 from jobs_pg._stores import (
+    PgChildJobs,
     PgCounterStore,
     PgEventBus,
     PgIntrospector,
@@ -91,6 +92,7 @@ CAPABILITY_SET = frozenset(
         "retention",
         "priority",
         "debounce",
+        "children",
     }
 )
 """What the driver carries: every capability."""
@@ -232,7 +234,7 @@ class PostgresDriver:
         name: ``"postgresql"``.
         capabilities: ``introspect``, ``leases``, ``events``, ``wake``, ``outbox``,
             ``scheduler_state``, ``leader``, ``workers``, ``counters``, ``backfills``,
-            ``retention``.
+            ``retention``, ``children``.
         schema: the schema every table lives in.
         steps: the step store (:class:`~jobs_pg._stores.PgStepStore`).
         introspect: the operator surface.
@@ -247,6 +249,7 @@ class PostgresDriver:
         backfills: the backfill ledger (:class:`~jobs_pg._backfills.PgBackfillLedger`).
         retention: deletes settled rows in bounded batches
             (:class:`~jobs_pg._retention.PgRetentionStore`).
+        children: a run's child jobs (:class:`~jobs_pg._stores.PgChildJobs`, migration 0011).
 
     Args:
         url: a libpq URL (``postgresql://user@host:5432/db``) or key/value conninfo.
@@ -323,6 +326,7 @@ class PostgresDriver:
         self.counters = PgCounterStore(self._db)
         self.backfills = PgBackfillLedger(self._db)
         self.retention = PgRetentionStore(self._db)
+        self.children = PgChildJobs(self._db)
 
     @classmethod
     async def connect(
@@ -596,10 +600,10 @@ class PostgresDriver:
         for row in rows:
             if row[13] == JobState.RUNNING:
                 claimed.append(_claimed(row, req.worker_id))
-                if not row[17]:
+                if not row[18]:
                     self._db.remember_stepless(row[1])
             else:
-                buried.append(BuriedJob(row[0], row[2], row[3], JobState(row[13])))
+                buried.append(BuriedJob(row[0], row[2], row[3], JobState(row[13]), row[17]))
         if req.on_exhausted is not None:
             for job in buried:
                 req.on_exhausted(job)
@@ -765,6 +769,7 @@ def _claimed(row: Row, worker_id: str) -> ClaimedJob:
         traceparent=row[10],
         enqueued_by=row[11],
         created_at=utc(row[12]),
+        parent_run_id=row[17],
     )
 
 

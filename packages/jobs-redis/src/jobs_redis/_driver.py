@@ -97,7 +97,7 @@ from jobs_redis._codec import (
     unopt,
 )
 from jobs_redis._connection import CLUSTER_SCHEMES, UNAVAILABLE, Client, Connection, prepare
-from jobs_redis._introspect import RedisIntrospector
+from jobs_redis._introspect import RedisChildJobs, RedisIntrospector
 from jobs_redis._records import decode_steps, pairs, record_text
 from jobs_redis._retention import RedisRetentionStore
 from jobs_redis._scheduler import RedisLeaderLease, RedisSchedulerState, RedisWorkerRegistry
@@ -117,6 +117,7 @@ CARRIED: frozenset[str] = frozenset(
         "workers",
         "priority",
         "debounce",
+        "children",
     }
 )
 """The optional capabilities this driver declares."""
@@ -741,6 +742,7 @@ class RedisDriver:
         events: the stored event bus (:class:`RedisEventBus`, which wakes waiters).
         wake: the pub/sub wake source (:class:`RedisWakeSource`).
         retention: deletes settled rows (:class:`~jobs_redis._retention.RedisRetentionStore`).
+        children: a run's child jobs (:class:`~jobs_redis._introspect.RedisChildJobs`).
         introspect: the operator surface (:class:`~jobs_redis._introspect.RedisIntrospector`).
         operator: the same object as :attr:`introspect` (its name before ``introspect``).
         scheduler_state: cron watermarks and fires
@@ -816,6 +818,7 @@ class RedisDriver:
         # The name the operator calls had before the driver declared ``introspect``.
         self.operator = self.introspect
         self.retention = RedisRetentionStore(self._s)
+        self.children = RedisChildJobs(self._s)
         self.scheduler_state = RedisSchedulerState(self)
         self.leader = RedisLeaderLease(self._s)
         self.workers = RedisWorkerRegistry(self._s)
@@ -924,7 +927,7 @@ class RedisDriver:
 
     @staticmethod
     def _row_args(req: EnqueueRequest) -> list[Any]:
-        """Validate one request as the memory driver does; answer its 16 script values."""
+        """Validate one request as the memory driver does; answer its 17 script values."""
         check_enqueue_request(req)
         text = encode(req.input, "input")
         run_at = "" if req.run_at is None else to_us(req.run_at, "run_at")
@@ -950,6 +953,7 @@ class RedisDriver:
             ""
             if req.debounce_max_ms is None
             else _checked_ms(req.debounce_max_ms, "debounce_max_ms"),
+            opt(None if req.parent_run_id is None else str(req.parent_run_id)),
         ]
 
     async def claim(self, req: ClaimRequest) -> list[ClaimedJob]:
@@ -999,8 +1003,8 @@ class RedisDriver:
             ],
         )
         jobs = []
-        for i in range(0, len(claimed), 14):
-            v = claimed[i : i + 14]
+        for i in range(0, len(claimed), 15):
+            v = claimed[i : i + 15]
             job = ClaimedJob(
                 id=UUID(v[0]),
                 run_id=UUID(v[1]),
@@ -1016,13 +1020,22 @@ class RedisDriver:
                 traceparent=unopt(v[10]),
                 enqueued_by=unopt(v[11]),
                 created_at=from_us(v[12]),
+                parent_run_id=UUID(v[13][1:]) if v[13] else None,
             )
-            self._s.preload(job.run_id, v[13])
+            self._s.preload(job.run_id, v[14])
             jobs.append(job)
         if req.on_exhausted is not None:
-            for i in range(0, len(buried), 4):
-                job_id, name, queue, state = buried[i : i + 4]
-                req.on_exhausted(BuriedJob(UUID(job_id), name, queue, JobState(state)))
+            for i in range(0, len(buried), 5):
+                job_id, name, queue, state, parent = buried[i : i + 5]
+                req.on_exhausted(
+                    BuriedJob(
+                        UUID(job_id),
+                        name,
+                        queue,
+                        JobState(state),
+                        UUID(parent[1:]) if parent else None,
+                    )
+                )
         return jobs
 
     def _fence(self, fence: Fence) -> list[Any]:

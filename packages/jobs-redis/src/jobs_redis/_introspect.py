@@ -25,6 +25,7 @@ import base64
 import builtins
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -127,7 +128,36 @@ def _job_info(row: dict[str, str], steps: list[StepRecord]) -> JobInfo:
         progress=json.loads(row.get("prog", "null")),
         steps=tuple(steps),
         priority=int(row.get("pri") or 0),
+        parent_run_id=UUID(row["par"][1:]) if row.get("par") else None,
     )
+
+
+class RedisChildJobs:
+    """The Redis :class:`~jobs_core.driver.ChildJobs`: each parent run's children in a sorted set.
+
+    An enqueue carrying ``parent_run_id`` adds the row to ``<base>c:<parent run id>`` in the same
+    script (``enqueue.lua``); ``children.lua`` reads the rows and drops members whose row is gone.
+
+    Args:
+        shared: the driver's connection and key names.
+    """
+
+    def __init__(self, shared: _Shared) -> None:
+        """Serve ``shared`` (the arguments are described in the class docstring)."""
+        self._s = shared
+
+    async def children(self, run_id: UUID, ids: Sequence[UUID] | None = None) -> list[JobInfo]:
+        """Answer run ``run_id``'s child rows (only ``ids`` when given), in enqueue order.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
+        """
+        if ids is not None and not ids:
+            return []
+        base = self._s.keys.base
+        args = [base, *(str(i) for i in ids or ())]
+        rows = await self._s.run("children", [f"{base}c:{run_id}"], args)
+        return [_job_info(pairs(row), []) for row in rows]
 
 
 class RedisIntrospector:

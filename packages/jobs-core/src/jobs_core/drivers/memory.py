@@ -127,6 +127,7 @@ _CAPABILITIES = frozenset(
         "retention",
         "priority",
         "debounce",
+        "children",
     }
 )
 _CURSOR = re.compile(r"mem1\|(-?\d{1,20})\|([0-9a-f]{32})")
@@ -187,6 +188,8 @@ class _Row:
     progress: str = "null"
     traceparent: str | None = None
     enqueued_by: str | None = None
+    # The run whose step.invoke/gather enqueued this row (a child job).
+    parent_run_id: UUID | None = None
     # An event its waiting step matches was published while the row ran: its park is due at once.
     wake_pending: bool = False
     # Only the heap entry carrying the current token is valid (see the module docstring).
@@ -472,6 +475,8 @@ class _Memory:
         self.keys: dict[tuple[str, str, str], _Row] = {}
         # Run id -> the row that owns it (every row, live or finished, until it is removed).
         self.runs: dict[UUID, _Row] = {}
+        # Parent run id -> its child rows by id, in insertion order.
+        self.children: dict[UUID, dict[UUID, _Row]] = {}
         self.queues: dict[str, _Queue] = {}
         self.paused: set[str] = set()
         # Every row ordered by _position, for cursor paging.
@@ -669,6 +674,12 @@ class _Memory:
             self.queues[row.queue].finished[row.state] -= 1
             self.settled[row.state].pop(row.id, None)
         self.steps.pop(row.run_id, None)
+        if row.parent_run_id is not None:
+            siblings = self.children.get(row.parent_run_id)
+            if siblings is not None:
+                siblings.pop(row.id, None)
+                if not siblings:
+                    del self.children[row.parent_run_id]
 
     def fenced(self, job_id: UUID, fence: Fence) -> _Row | None:
         """Answer the row if it is ``running`` under ``fence``, else ``None``."""
@@ -721,6 +732,7 @@ class _Memory:
             traceparent=row.traceparent,
             steps=tuple(self.step_records(row.run_id)) if with_steps else (),
             priority=row.priority,
+            parent_run_id=row.parent_run_id,
         )
 
     def notify(self, queues: Iterable[str]) -> None:
@@ -1189,6 +1201,34 @@ class MemoryIntrospector:
                 next=_cursor(page[-1]) if more_older else None,
                 prev=_cursor(page[0]) if more_newer else None,
             )
+
+
+class MemoryChildJobs:
+    """The memory driver's :class:`~jobs_core.driver.ChildJobs`: rows by their parent's run.
+
+    Args:
+        memory: the driver's shared state.
+    """
+
+    def __init__(self, memory: _Memory) -> None:
+        """Serve ``memory`` (the arguments are described in the class docstring)."""
+        self._m = memory
+
+    async def children(self, run_id: UUID, ids: Sequence[UUID] | None = None) -> list[JobInfo]:
+        """Answer the child rows of run ``run_id`` (only ``ids`` when given), in enqueue order.
+
+        Raises:
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` after :meth:`MemoryDriver.close`.
+        """
+        with self._m.lock:
+            self._m.now()
+            rows = self._m.children.get(run_id, {})
+            if ids is None:
+                picked = list(rows.values())
+            else:
+                picked = [row for row in map(rows.get, dict.fromkeys(ids)) if row is not None]
+            picked.sort(key=_position)
+            return [self._m.info(row, with_steps=False) for row in picked]
 
 
 class MemoryLeaseStore:
@@ -1885,7 +1925,7 @@ class MemoryDriver:
         name: ``"memory"``.
         capabilities: ``introspect``, ``leases``, ``events``, ``wake``, ``workers``,
             ``counters``, ``scheduler_state``, ``leader``, ``outbox``, ``backfills``,
-            ``retention``, and the flags ``priority`` and ``debounce``.
+            ``retention``, and the flags ``priority``, ``debounce`` and ``children``.
         steps: the step store (:class:`MemoryStepStore`).
         introspect: the operator surface (:class:`MemoryIntrospector`).
         leases: the lease store (:class:`MemoryLeaseStore`).
@@ -1898,6 +1938,7 @@ class MemoryDriver:
         outbox: the in-process outbox store (:class:`MemoryOutboxStore`).
         backfills: the backfill ledger (:class:`MemoryBackfillLedger`).
         retention: deletes settled rows (:class:`MemoryRetentionStore`).
+        children: child rows by their parent's run (:class:`MemoryChildJobs`).
 
     Args:
         clock: the clock every time decision reads (due rows, leases, expiry, timestamps);
@@ -1927,6 +1968,7 @@ class MemoryDriver:
         self.outbox = MemoryOutboxStore(self._m.clock)
         self.backfills = MemoryBackfillLedger(self._m)
         self.retention = MemoryRetentionStore(self._m)
+        self.children = MemoryChildJobs(self._m)
 
     async def enqueue(self, req: EnqueueRequest) -> EnqueueResult:
         """Queue one row (the one-element case of :meth:`enqueue_many`).
@@ -2046,8 +2088,11 @@ class MemoryDriver:
             enqueued_by=req.enqueued_by,
             priority=req.priority,
             debounced=req.debounce_ms is not None,
+            parent_run_id=req.parent_run_id,
         )
         m.rows[row.id] = row
+        if row.parent_run_id is not None:
+            m.children.setdefault(row.parent_run_id, {})[row.id] = row
         m.live[row.id] = row
         m.keys[_live_key(row)] = row
         m.runs[row.run_id] = row
@@ -2154,7 +2199,9 @@ class MemoryDriver:
                         row.last_error_code = MaxAttemptsError.code
                         row.last_error_stack = None
                         m.finish(row, state, now)
-                        buried.append(BuriedJob(row.id, row.name, row.queue, state))
+                        buried.append(
+                            BuriedJob(row.id, row.name, row.queue, state, row.parent_run_id)
+                        )
                         continue
                 if row.debounced and row.claim == 0:
                     # Claimed: a debounced row's key is free for the next burst.
@@ -2223,6 +2270,7 @@ class MemoryDriver:
             traceparent=row.traceparent,
             enqueued_by=row.enqueued_by,
             created_at=row.created_at,
+            parent_run_id=row.parent_run_id,
         )
 
     async def ack(self, job_id: UUID, by: Settle) -> bool:

@@ -33,25 +33,26 @@ WITH req AS (
     SELECT r.id, r.run_id, r.name, r.queue, coalesce(r.input, 'null') AS input,
            r.idempotency_key, r.tenant_id, r.max_attempts, r.traceparent, r.enqueued_by, r.ord,
            coalesce(r.priority, 0) AS priority,
+           r.parent_run_id,
            greatest(coalesce(r.run_at, {now} + r.delay_ms * interval '1 millisecond'), {now}) AS due
     FROM ROWS FROM (
         json_to_recordset(%(rows)s::json) AS (
             id uuid, run_id uuid, name text, queue text, input jsonb, idempotency_key text,
             tenant_id text, max_attempts integer, run_at timestamptz, delay_ms bigint,
-            traceparent text, enqueued_by text, priority smallint
+            traceparent text, enqueued_by text, priority smallint, parent_run_id uuid
         )
     ) WITH ORDINALITY AS r(id, run_id, name, queue, input, idempotency_key, tenant_id,
                            max_attempts, run_at, delay_ms, traceparent, enqueued_by, priority,
-                           ord)
+                           parent_run_id, ord)
 ),
 inserted AS (
     INSERT INTO {schema}.jobs AS j (
         id, run_id, name, queue, input, idempotency_key, tenant_id, state, max_attempts,
-        run_at, traceparent, enqueued_by, created_at, updated_at, priority
+        run_at, traceparent, enqueued_by, created_at, updated_at, priority, parent_run_id
     )
     SELECT id, run_id, name, queue, input, idempotency_key, tenant_id,
            CASE WHEN due > {now} THEN 'delayed' ELSE 'ready' END, max_attempts,
-           due, traceparent, enqueued_by, {now}, {now}, priority
+           due, traceparent, enqueued_by, {now}, {now}, priority, parent_run_id
     FROM req
     ORDER BY ord
     ON CONFLICT DO NOTHING
@@ -230,7 +231,7 @@ claimed AS (
     WHERE j.id = r.id AND NOT r.final AND r.taken <= %(limit)s
     RETURNING j.id, j.run_id, j.name, j.queue, j.input, j.attempts, j.max_attempts, j.claim,
               j.tenant_id, j.idempotency_key, j.traceparent, j.enqueued_by, j.created_at,
-              j.state, j.run_at, j.seq, j.priority
+              j.state, j.run_at, j.seq, j.priority, j.parent_run_id
 ),
 buried AS (
     UPDATE {schema}.jobs j
@@ -245,7 +246,7 @@ buried AS (
     WHERE j.id = r.id AND r.final AND r.taken < %(limit)s
     RETURNING j.id, j.run_id, j.name, j.queue, j.input, j.attempts, j.max_attempts, j.claim,
               j.tenant_id, j.idempotency_key, j.traceparent, j.enqueued_by, j.created_at,
-              j.state, j.run_at, j.seq, j.priority
+              j.state, j.run_at, j.seq, j.priority, j.parent_run_id
 ),
 counted AS (
     INSERT INTO {schema}.counters AS c (name, tier, bucket, shard, failed, dead)
@@ -440,7 +441,8 @@ RETURNING 1
 -- name: job_get
 SELECT id, run_id, name, queue, state, attempts, max_attempts, claim, tenant_id,
        idempotency_key, input, run_at, created_at, updated_at, claimed_by, last_error,
-       last_error_code, last_error_stack, result, progress, enqueued_by, traceparent, priority
+       last_error_code, last_error_stack, result, progress, enqueued_by, traceparent, priority,
+       parent_run_id
 FROM {schema}.jobs
 WHERE id = %(id)s
 
@@ -452,7 +454,7 @@ SELECT state FROM {schema}.jobs WHERE id = %(id)s
 SELECT j.id, j.run_id, j.name, j.queue, j.state, j.attempts, j.max_attempts, j.claim,
        j.tenant_id, j.idempotency_key, j.input, j.run_at, j.created_at, j.updated_at,
        j.claimed_by, j.last_error, j.last_error_code, j.last_error_stack, j.result, j.progress,
-       j.enqueued_by, j.traceparent, j.priority
+       j.enqueued_by, j.traceparent, j.priority, j.parent_run_id
 FROM {schema}.jobs j
 WHERE {filter}
   AND (%(at)s::timestamptz IS NULL OR (j.created_at, j.id) < (%(at)s, %(at_id)s::uuid))
@@ -464,7 +466,7 @@ LIMIT %(limit)s
 SELECT j.id, j.run_id, j.name, j.queue, j.state, j.attempts, j.max_attempts, j.claim,
        j.tenant_id, j.idempotency_key, j.input, j.run_at, j.created_at, j.updated_at,
        j.claimed_by, j.last_error, j.last_error_code, j.last_error_stack, j.result, j.progress,
-       j.enqueued_by, j.traceparent, j.priority
+       j.enqueued_by, j.traceparent, j.priority, j.parent_run_id
 FROM {schema}.jobs j
 WHERE {filter}
   AND (j.created_at, j.id) > (%(at)s, %(at_id)s::uuid)
@@ -1161,3 +1163,15 @@ SELECT (SELECT max(version) FROM {schema}.migrations),
                       AND has_table_privilege(c.oid, 'DELETE'))
            ORDER BY 1
        )
+
+-- name: children
+-- A run's child jobs (step.invoke/step.gather), oldest first, on the jobs_parent_run index; with
+-- `ids` only those rows.
+SELECT j.id, j.run_id, j.name, j.queue, j.state, j.attempts, j.max_attempts, j.claim,
+       j.tenant_id, j.idempotency_key, j.input, j.run_at, j.created_at, j.updated_at,
+       j.claimed_by, j.last_error, j.last_error_code, j.last_error_stack, j.result, j.progress,
+       j.enqueued_by, j.traceparent, j.parent_run_id
+FROM {schema}.jobs j
+WHERE j.parent_run_id = %(run_id)s
+  AND (%(ids)s::uuid[] IS NULL OR j.id = ANY(%(ids)s::uuid[]))
+ORDER BY j.created_at, j.id

@@ -11,10 +11,10 @@
 -- ARGV[4]  worker        the claimant's incarnation id
 -- ARGV[5]  nq            how many queue names follow (distinct)
 -- ARGV[6…] the queues, then nd, then nd job names whose buried rows settle "failed"
--- Reply:   { claimed, buried }: claimed holds 14 values per row (id, run_id, name, queue, input,
+-- Reply:   { claimed, buried }: claimed holds 15 values per row (id, run_id, name, queue, input,
 --          attempts spent, max_attempts, claim, tenant, key, traceparent, enqueued_by,
---          created µs, and the run's steps as step_load.lua answers them); buried holds 4 per
---          row (id, name, queue, state).
+--          created µs, parent run (optional, "" for none), and the run's steps as step_load.lua
+--          answers them); buried holds 5 per row (id, name, queue, state, parent run).
 --
 -- Candidates are rows of unpaused queues whose run_at passed (ready, delayed, suspended) and
 -- running rows whose lease expiry passed (at most 1,000 of those per queue per call), taken
@@ -116,6 +116,7 @@ for _, c in ipairs(cands) do
     buried[#buried + 1] = name
     buried[#buried + 1] = queue
     buried[#buried + 1] = state
+    buried[#buried + 1] = redis.call('HGET', jk, 'par') or ''
   else
     local claim = redis.call('HINCRBY', jk, 'claim', 1)
     if claim == 1 and redis.call('HGET', jk, 'db') == '1' then
@@ -130,8 +131,8 @@ for _, c in ipairs(cands) do
       redis.call('ZADD', base .. 'x:' .. queue .. ':running', 0, xm)
     end
     local row = redis.call('HMGET', jk, 'id', 'run', 'name', 'queue', 'input', 'att', 'max',
-      'claim', 'tenant', 'key', 'tp', 'eb', 'created')
-    for _, v in ipairs(row) do claimed[#claimed + 1] = v end
+      'claim', 'tenant', 'key', 'tp', 'eb', 'created', 'par')
+    for i = 1, 14 do claimed[#claimed + 1] = row[i] or '' end
     local steps = {}
     local all = redis.call('HGETALL', base .. 's:' .. row[2])
     for i = 1, #all, 2 do

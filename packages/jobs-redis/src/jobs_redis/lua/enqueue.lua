@@ -7,10 +7,12 @@
 --                        <base>s:<run_id> (the run's steps; field "#job" names its job),
 --                        <base>x:<queue>:<state> (the listing index: members "<created µs>:<id>")
 -- ARGV[2]  n             how many rows follow
--- ARGV[3…] 16 values per row: id, run_id, name, queue, input (JSON text), idempotency key,
+-- ARGV[3…] 17 values per row: id, run_id, name, queue, input (JSON text), idempotency key,
 --          tenant (optional), max_attempts, run_at (µs since the epoch, "" for none), delay_ms,
 --          traceparent (optional), enqueued_by (optional), live-key field, priority (an int,
---          lower claimed first), debounce_ms ("" for none) and debounce_max_ms ("" for none).
+--          lower claimed first), debounce_ms ("" for none), debounce_max_ms ("" for none) and
+--          parent run id (optional: a child job's parent run; the row joins
+--          <base>c:<parent run id>, the parent's children by insertion order).
 --          An optional value is "" for None, else "=" followed by the text.
 --          Then, for a cron fire only (SchedulerState.fire), 6 more: the task, the watermark the
 --          fire expects (µs, "" for none), the watermark it leaves (µs), the occurrence (µs), and
@@ -46,7 +48,7 @@ local now_s = string.format('%.0f', now)
 local live = base .. 'live'
 local reply = {}
 local woken = {}
-local fire_at = 3 + n * 16
+local fire_at = 3 + n * 17
 local function rkey(qk, pri)
   if pri == nil or pri == '' or pri == '0' then return qk .. ':r' end
   redis.call('ZADD', qk .. ':rp', pri, pri)
@@ -76,7 +78,7 @@ local held_run = {}
 local batch_ids = {}
 local batch_keys = {}
 for i = 0, n - 1 do
-  local o = 3 + i * 16
+  local o = 3 + i * 17
   local id, run_id, lk = ARGV[o], ARGV[o + 1], ARGV[o + 12]
   if batch_ids[id] then
     held[i] = id
@@ -100,7 +102,7 @@ for i = 0, n - 1 do
 end
 
 for i = 0, n - 1 do
-  local o = 3 + i * 16
+  local o = 3 + i * 17
   local id, run_id, name, queue = ARGV[o], ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
   local lk = ARGV[o + 12]
   local pri, debounce, dmax = ARGV[o + 13], ARGV[o + 14], ARGV[o + 15]
@@ -151,7 +153,10 @@ for i = 0, n - 1 do
       'by', '', 'vis', '', 'run_at', string.format('%.0f', run_at), 'created', now_s,
       'updated', now_s, 'err', '', 'errc', '', 'errs', '', 'result', 'null',
       'tp', ARGV[o + 10], 'eb', ARGV[o + 11], 'state', state, 'm', m, 'lk', lk, 'pri', pri,
-      'db', debounce ~= '' and '1' or '')
+      'db', debounce ~= '' and '1' or '', 'par', ARGV[o + 16])
+    if ARGV[o + 16] ~= '' then
+      redis.call('ZADD', base .. 'c:' .. string.sub(ARGV[o + 16], 2), seq, id)
+    end
     redis.call('HSET', live, lk, id)
     redis.call('HSET', base .. 's:' .. run_id, '#job', id)
     redis.call('SADD', base .. 'queues', queue)
