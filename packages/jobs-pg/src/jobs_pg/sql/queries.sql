@@ -1170,7 +1170,7 @@ SELECT (SELECT max(version) FROM {schema}.migrations),
 SELECT j.id, j.run_id, j.name, j.queue, j.state, j.attempts, j.max_attempts, j.claim,
        j.tenant_id, j.idempotency_key, j.input, j.run_at, j.created_at, j.updated_at,
        j.claimed_by, j.last_error, j.last_error_code, j.last_error_stack, j.result, j.progress,
-       j.enqueued_by, j.traceparent, j.parent_run_id
+       j.enqueued_by, j.traceparent, j.priority, j.parent_run_id
 FROM {schema}.jobs j
 WHERE j.parent_run_id = %(run_id)s
   AND (%(ids)s::uuid[] IS NULL OR j.id = ANY(%(ids)s::uuid[]))
