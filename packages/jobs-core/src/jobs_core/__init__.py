@@ -61,6 +61,7 @@ from jobs_core.outbox import (
     uninstall_outbox,
     use_outbox,
 )
+from jobs_core.rate import Rate
 from jobs_core.retry import Retry, retry_schedule
 from jobs_core.scheduler import Scheduler
 from jobs_core.steps import Step, SyncStep
@@ -155,6 +156,7 @@ __all__ = [
     "PurgeTarget",
     "Purgeable",
     "QueueStats",
+    "Rate",
     "Relay",
     "RetentionRequest",
     "RetentionStore",

@@ -55,6 +55,7 @@ from jobs_pg._db import Db, Row, utc
 from jobs_pg._diagnose import unready
 from jobs_pg._migrate import apply_migrations
 from jobs_pg._outbox import PgOutboxStore
+from jobs_pg._rate import PgRateStore
 from jobs_pg._records import enqueue_params, json_text
 from jobs_pg._retention import PgRetentionStore
 from jobs_pg._sql import check_schema, wake_channel
@@ -83,6 +84,7 @@ CAPABILITY_SET = frozenset(
         "counters",
         "backfills",
         "retention",
+        "rate",
     }
 )
 """What the driver carries: every capability."""
@@ -224,7 +226,7 @@ class PostgresDriver:
         name: ``"postgresql"``.
         capabilities: ``introspect``, ``leases``, ``events``, ``wake``, ``outbox``,
             ``scheduler_state``, ``leader``, ``workers``, ``counters``, ``backfills``,
-            ``retention``.
+            ``retention``, ``rate``.
         schema: the schema every table lives in.
         steps: the step store (:class:`~jobs_pg._stores.PgStepStore`).
         introspect: the operator surface.
@@ -239,6 +241,8 @@ class PostgresDriver:
         backfills: the backfill ledger (:class:`~jobs_pg._backfills.PgBackfillLedger`).
         retention: deletes settled rows in bounded batches
             (:class:`~jobs_pg._retention.PgRetentionStore`).
+        rate: fleet-wide rate buckets, one statement per token
+            (:class:`~jobs_pg._rate.PgRateStore`).
 
     Args:
         url: a libpq URL (``postgresql://user@host:5432/db``) or key/value conninfo.
@@ -315,6 +319,7 @@ class PostgresDriver:
         self.counters = PgCounterStore(self._db)
         self.backfills = PgBackfillLedger(self._db)
         self.retention = PgRetentionStore(self._db)
+        self.rate = PgRateStore(self._db)
 
     @classmethod
     async def connect(

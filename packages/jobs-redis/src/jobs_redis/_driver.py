@@ -17,6 +17,7 @@ key                             holds
 ``<base>ev:*``, ``evn:*``,      events, events by name, events by expiry, waiting steps by event
 ``evx``, ``evw:*``
 ``<base>ls:*``, ``lx:*``        lease slots in order, and their expiries
+``<base>rt:<bucket>``           a rate bucket's newest grant instants (``rate_take.lua``)
 ``<base>wake``                  the pub/sub channel carrying queue names
 ==============================  ==============================================================
 
@@ -96,6 +97,7 @@ from jobs_redis._codec import (
 )
 from jobs_redis._connection import UNAVAILABLE, Connection
 from jobs_redis._introspect import RedisIntrospector
+from jobs_redis._rate import RedisRateStore
 from jobs_redis._records import decode_steps, pairs, record_text
 from jobs_redis._retention import RedisRetentionStore
 from jobs_redis._scheduler import RedisLeaderLease, RedisSchedulerState, RedisWorkerRegistry
@@ -104,7 +106,17 @@ from jobs_redis._scripts import SCRIPTS
 _log = logging.getLogger("jobs.redis")
 
 CARRIED: frozenset[str] = frozenset(
-    {"introspect", "leases", "events", "wake", "retention", "scheduler_state", "leader", "workers"}
+    {
+        "introspect",
+        "leases",
+        "events",
+        "wake",
+        "retention",
+        "scheduler_state",
+        "leader",
+        "workers",
+        "rate",
+    }
 )
 """The optional capabilities this driver declares."""
 
@@ -714,6 +726,7 @@ class RedisDriver:
             (:class:`~jobs_redis._scheduler.RedisSchedulerState`).
         leader: the scheduler's leader lease (:class:`~jobs_redis._scheduler.RedisLeaderLease`).
         workers: the worker registry (:class:`~jobs_redis._scheduler.RedisWorkerRegistry`).
+        rate: fleet-wide rate buckets (:class:`~jobs_redis._rate.RedisRateStore`).
         done_ttl_ms: how long a ``done`` row and its steps are kept (0: forever).
 
     Args:
@@ -783,6 +796,7 @@ class RedisDriver:
         self.scheduler_state = RedisSchedulerState(self)
         self.leader = RedisLeaderLease(self._s)
         self.workers = RedisWorkerRegistry(self._s)
+        self.rate = RedisRateStore(self._s)
 
     @classmethod
     async def connect(

@@ -62,6 +62,7 @@ from jobs_core.driver import (
 )
 from jobs_core.drivers.memory_backfills import MemoryBackfillLedger
 from jobs_core.drivers.memory_outbox import MemoryOutboxStore
+from jobs_core.drivers.memory_rate import MemoryRateStore
 from jobs_core.drivers.memory_retention import MemoryRetentionStore
 from jobs_core.errors import (
     DriverRequestInvalidError,
@@ -125,6 +126,7 @@ _CAPABILITIES = frozenset(
         "outbox",
         "backfills",
         "retention",
+        "rate",
     }
 )
 _CURSOR = re.compile(r"mem1\|(-?\d{1,20})\|([0-9a-f]{32})")
@@ -1873,8 +1875,8 @@ class MemoryDriver:
     Attributes:
         name: ``"memory"``.
         capabilities: ``introspect``, ``leases``, ``events``, ``wake``, ``workers``,
-            ``counters``, ``scheduler_state``, ``leader``, ``outbox``, ``backfills`` and
-            ``retention``.
+            ``counters``, ``scheduler_state``, ``leader``, ``outbox``, ``backfills``,
+            ``retention`` and ``rate``.
         steps: the step store (:class:`MemoryStepStore`).
         introspect: the operator surface (:class:`MemoryIntrospector`).
         leases: the lease store (:class:`MemoryLeaseStore`).
@@ -1887,6 +1889,7 @@ class MemoryDriver:
         outbox: the in-process outbox store (:class:`MemoryOutboxStore`).
         backfills: the backfill ledger (:class:`MemoryBackfillLedger`).
         retention: deletes settled rows (:class:`MemoryRetentionStore`).
+        rate: fleet-wide rate buckets (:class:`~jobs_core.drivers.memory_rate.MemoryRateStore`).
 
     Args:
         clock: the clock every time decision reads (due rows, leases, expiry, timestamps);
@@ -1916,6 +1919,7 @@ class MemoryDriver:
         self.outbox = MemoryOutboxStore(self._m.clock)
         self.backfills = MemoryBackfillLedger(self._m)
         self.retention = MemoryRetentionStore(self._m)
+        self.rate = MemoryRateStore(self._m)
 
     async def enqueue(self, req: EnqueueRequest) -> EnqueueResult:
         """Queue one row (the one-element case of :meth:`enqueue_many`).

@@ -1099,3 +1099,38 @@ SELECT (SELECT max(version) FROM {schema}.migrations),
                       AND has_table_privilege(c.oid, 'DELETE'))
            ORDER BY 1
        )
+
+-- name: rate_take
+-- Takes one token of a sliding-window bucket in one statement (jobs_core.rate). The upsert locks
+-- the bucket's row, so concurrent takers queue on it and each sees every grant before it. The
+-- request's instant is the one given, else the statement's clock ({now}); one before the newest
+-- grant counts as that grant's (`greatest`), so the stamps never go backwards. The stamps are
+-- sorted, so the window is full exactly when the `limit`-th newest stamp is inside it: then
+-- nothing is recorded and the wait is that stamp plus the window minus the instant; else the
+-- instant is appended (wait 0). Only the newest `limit` stamps are kept. The commit does not
+-- wait for its WAL flush (`synchronous_commit` off for this statement's transaction only):
+-- takers queue on the row's lock, and a flush per token would hold each one back; a server
+-- crash forgets at most the last fraction of a second of grants.
+WITH t AS (
+    SELECT coalesce(%(now_ms)s::int8, floor(extract(epoch FROM {now}) * 1000)::int8) AS ms,
+           set_config('synchronous_commit', 'off', true) AS quick
+)
+INSERT INTO {schema}.rate_buckets AS b (bucket_key, stamps, touched_ms, wait_ms)
+SELECT %(key)s, ARRAY[t.ms], t.ms, 0 FROM t
+ON CONFLICT (bucket_key) DO UPDATE
+SET stamps = CASE
+        WHEN b.stamps[cardinality(b.stamps) - %(limit)s + 1]
+             > greatest(EXCLUDED.touched_ms, b.stamps[cardinality(b.stamps)]) - %(per_ms)s
+        THEN b.stamps[cardinality(b.stamps) - %(limit)s + 1:]
+        ELSE b.stamps[greatest(1, cardinality(b.stamps) - %(limit)s + 2):]
+             || greatest(EXCLUDED.touched_ms, b.stamps[cardinality(b.stamps)])
+    END,
+    wait_ms = CASE
+        WHEN b.stamps[cardinality(b.stamps) - %(limit)s + 1]
+             > greatest(EXCLUDED.touched_ms, b.stamps[cardinality(b.stamps)]) - %(per_ms)s
+        THEN b.stamps[cardinality(b.stamps) - %(limit)s + 1] + %(per_ms)s
+             - greatest(EXCLUDED.touched_ms, b.stamps[cardinality(b.stamps)])
+        ELSE 0
+    END,
+    touched_ms = greatest(EXCLUDED.touched_ms, b.stamps[cardinality(b.stamps)])
+RETURNING b.wait_ms
