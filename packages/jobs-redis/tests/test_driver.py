@@ -83,6 +83,7 @@ async def test_protocols_capabilities_and_describe(driver: RedisDriver) -> None:
         "scheduler_state",
         "leader",
         "workers",
+        "rate",
     }
     described = driver.describe()
     assert described["capabilities"] == sorted(driver.capabilities)
