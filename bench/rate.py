@@ -52,7 +52,7 @@ class Call(BaseModel):
     n: int
 
 
-def declare(limit: int, work_ms: int) -> None:
+def declare(limit: int, work_ms: int, margin_ms: int | None = None) -> None:
     """Declare the rate-limited job in :data:`REGISTRY` (once per process)."""
 
     @job(
@@ -61,7 +61,7 @@ def declare(limit: int, work_ms: int) -> None:
         tenant="none",
         name=NAME,
         queue=QUEUE,
-        rate=Rate(limit, per="1s"),
+        rate=Rate(limit, per="1s", margin=margin_ms),
         registry=REGISTRY,
     )
     async def call(c: Call) -> dict[str, float]:
@@ -139,14 +139,16 @@ async def results(driver: JobDriver) -> list[dict[str, float]]:
 async def run(args: argparse.Namespace) -> int:
     """Run the bench in the parent; answer the exit status."""
     url = {"pg": PG_URL, "redis": REDIS_URL, "memory": "memory://"}[args.driver]
-    declare(args.limit, args.work_ms)
+    declare(args.limit, args.work_ms, args.margin_ms)
     driver = await prepare(url)
     procs: list[asyncio.subprocess.Process] = []
     local: list[tuple[Worker, asyncio.Task[None]]] = []
     env = {
         **os.environ,
         "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        "BENCH_RATE": json.dumps({"limit": args.limit, "work_ms": args.work_ms}),
+        "BENCH_RATE": json.dumps(
+            {"limit": args.limit, "work_ms": args.work_ms, "margin_ms": args.margin_ms}
+        ),
     }
     if args.driver == "memory":
         for _ in range(args.workers):
@@ -209,6 +211,7 @@ async def run(args: argparse.Namespace) -> int:
         "limit": args.limit,
         "workers": args.workers,
         "work_ms": args.work_ms,
+        "margin_ms": args.margin_ms,
         "max_per_window": max_per_window(starts),
         "span_s": round(max(starts) - min(starts), 3),
         "total_s": round(max(ends) - began, 3),
@@ -236,11 +239,12 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--work-ms", type=int, default=0)
+    parser.add_argument("--margin-ms", type=int, default=None, help="Rate(margin=); default auto")
     parser.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         spec = json.loads(os.environ["BENCH_RATE"])
-        declare(spec["limit"], spec["work_ms"])
+        declare(spec["limit"], spec["work_ms"], spec["margin_ms"])
         asyncio.run(worker_process(args.worker))
         return
     sys.exit(asyncio.run(run(args)))
