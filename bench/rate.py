@@ -1,10 +1,11 @@
 """Fleet-wide rate limits, the issue-24 must-show: 3 worker processes, ``Rate(20, per="1s")``.
 
 ``python -m bench.rate --driver pg`` (or ``redis``, ``memory``; ``--jobs 200 --limit 20
---workers 3 --work-ms 0``) starts ``--workers`` worker PROCESSES on one backend (a private pg
-schema ``bench_rate`` in db ``test``, or the Redis prefix ``bench-rate``), enqueues ``--jobs`` rows
-of one job declared ``rate=Rate(limit, per="1s")``, and waits until every row is done. Each body
-records its start and end instants (``time.time()``, one host's clock) as its result. It prints:
+--workers 3 --concurrency 10 --work-ms 0``, ``--margin-ms N``) starts ``--workers`` worker
+PROCESSES on one backend (a private pg schema ``bench_rate`` in db ``test``, or the Redis prefix
+``bench-rate``), enqueues ``--jobs`` rows of one job declared ``rate=Rate(limit, per="1s")``,
+and waits until every row is done. Each body records its start and end instants
+(``time.time()``, one host's clock) as its result. It prints:
 
 * ``max_per_window``: the most starts inside any rolling 1-second window ``[s, s + 1 s)``, over
   every start ``s`` (the bound is the limit);
@@ -71,15 +72,15 @@ def declare(limit: int, work_ms: int, margin_ms: int | None = None) -> None:
         return {"start": start, "end": time.time()}
 
 
-def make_worker(driver: JobDriver) -> Worker:
-    """A worker of the bench queue on ``driver`` (10 slots, the default poll)."""
-    return Worker(driver, queues=[QUEUE], concurrency=WORKER_CONCURRENCY, registry=REGISTRY)
+def make_worker(driver: JobDriver, slots: int = WORKER_CONCURRENCY) -> Worker:
+    """A worker of the bench queue on ``driver`` (``slots`` slots, the default poll)."""
+    return Worker(driver, queues=[QUEUE], concurrency=slots, registry=REGISTRY)
 
 
-async def worker_process(url: str) -> None:
+async def worker_process(url: str, slots: int) -> None:
     """Run one worker until SIGTERM; print its outcomes as one JSON line at the end."""
     driver = open_driver(url)
-    worker = make_worker(driver)
+    worker = make_worker(driver, slots)
     worker.install_signal_handlers()
     print("READY", flush=True)
     await worker.run()
@@ -147,12 +148,17 @@ async def run(args: argparse.Namespace) -> int:
         **os.environ,
         "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
         "BENCH_RATE": json.dumps(
-            {"limit": args.limit, "work_ms": args.work_ms, "margin_ms": args.margin_ms}
+            {
+                "limit": args.limit,
+                "work_ms": args.work_ms,
+                "margin_ms": args.margin_ms,
+                "slots": args.concurrency,
+            }
         ),
     }
     if args.driver == "memory":
         for _ in range(args.workers):
-            worker = make_worker(driver)
+            worker = make_worker(driver, args.concurrency)
             local.append((worker, asyncio.get_running_loop().create_task(worker.run())))
     else:
         for _ in range(args.workers):
@@ -210,6 +216,7 @@ async def run(args: argparse.Namespace) -> int:
         "jobs": len(found),
         "limit": args.limit,
         "workers": args.workers,
+        "concurrency": args.concurrency,
         "work_ms": args.work_ms,
         "margin_ms": args.margin_ms,
         "max_per_window": max_per_window(starts),
@@ -239,13 +246,14 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--work-ms", type=int, default=0)
+    parser.add_argument("--concurrency", type=int, default=WORKER_CONCURRENCY, help="slots each")
     parser.add_argument("--margin-ms", type=int, default=None, help="Rate(margin=); default auto")
     parser.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         spec = json.loads(os.environ["BENCH_RATE"])
         declare(spec["limit"], spec["work_ms"], spec["margin_ms"])
-        asyncio.run(worker_process(args.worker))
+        asyncio.run(worker_process(args.worker, spec["slots"]))
         return
     sys.exit(asyncio.run(run(args)))
 
