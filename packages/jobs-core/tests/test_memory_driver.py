@@ -28,6 +28,7 @@ from jobs_core.driver import (
     LeaseStore,
     OutboxStore,
     PublishRequest,
+    RateStore,
     RetentionStore,
     StepResolution,
     StepStore,
@@ -136,11 +137,13 @@ async def test_protocols_capabilities_and_describe(mem: MemoryDriver) -> None:
         "priority",
         "debounce",
         "children",
+        "rate",
     }
     assert isinstance(mem.outbox, OutboxStore)
     assert isinstance(mem.backfills, BackfillLedger)
     assert isinstance(mem.retention, RetentionStore)
     assert isinstance(mem.children, ChildJobs)
+    assert isinstance(mem.rate, RateStore)
     assert mem.capabilities == carried
     assert set(CAPABILITIES) == carried, "the memory driver carries every capability"
     described = mem.describe()

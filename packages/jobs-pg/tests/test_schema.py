@@ -65,6 +65,7 @@ DECLARED_TABLES = {
     "paused_queues": ("queue text!, paused_at timestamptz!"),
     "paused_tasks": ("task text!, paused_at timestamptz!"),
     "queues": ("name text!, created_at timestamptz!"),
+    "rate_buckets": ("bucket_key text!, stamps _int8!, touched_ms int8!, wait_ms int8!"),
     "scheduler_leader": ("name text!, holder text!, expires_at timestamptz!"),
     "scheduler_state": ("task text!, watermark timestamptz!, updated_at timestamptz!"),
     "task_fires": (

@@ -86,6 +86,7 @@ async def test_protocols_capabilities_and_describe(driver: RedisDriver) -> None:
         "priority",
         "debounce",
         "children",
+        "rate",
     }
     described = driver.describe()
     assert described["capabilities"] == sorted(driver.capabilities)

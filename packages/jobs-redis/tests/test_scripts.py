@@ -8,7 +8,13 @@ from datetime import UTC, datetime
 import redis.asyncio as aioredis
 
 from conftest import Throwaway
-from jobs_core.driver import EventQuery, LeaseRequest, PublishRequest, StepResolution
+from jobs_core.driver import (
+    EventQuery,
+    LeaseRequest,
+    PublishRequest,
+    RateRequest,
+    StepResolution,
+)
 from jobs_core.types import (
     JobFilter,
     JobState,
@@ -89,6 +95,7 @@ async def test_every_script_is_called_by_the_driver(throwaway: Throwaway) -> Non
         RetentionRequest(frozenset({JobState.CANCELLED}), datetime.now(UTC), 10)
     )
     await driver.children.children(first.run_id)
+    await driver.rate.take_token(RateRequest("rate:tour", 1, 1_000))
     names = sorted(SCRIPTS)
     loaded = await client.script_exists(*(SCRIPTS[n].sha for n in names))
     await client.aclose()

@@ -62,6 +62,7 @@ from jobs_core.outbox import (
     use_outbox,
 )
 from jobs_core.priority import DEFAULT_PRIORITY, PRIORITY_MAX, PRIORITY_MIN
+from jobs_core.rate import Rate
 from jobs_core.retry import Retry, retry_schedule
 from jobs_core.scheduler import Scheduler
 from jobs_core.steps import Step, SyncStep
@@ -159,6 +160,7 @@ __all__ = [
     "PurgeTarget",
     "Purgeable",
     "QueueStats",
+    "Rate",
     "Relay",
     "RetentionRequest",
     "RetentionStore",

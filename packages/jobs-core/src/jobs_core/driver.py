@@ -34,6 +34,7 @@ from jobs_core.errors import (
     NotImplementedByDriverError,
 )
 from jobs_core.priority import PRIORITY_MAX, PRIORITY_MIN
+from jobs_core.rate import MAX_RATE_LIMIT, MAX_RATE_PER_MS
 from jobs_core.serialization import text_problem
 from jobs_core.types import (
     LIVE_STATES,
@@ -82,6 +83,7 @@ CAPABILITIES: tuple[str, ...] = (
     "priority",
     "debounce",
     "children",
+    "rate",
 )
 """Every optional capability a driver may declare: a store's attribute name, or a flag."""
 
@@ -529,6 +531,78 @@ class LeaseStore(Protocol):
     async def holders(self, key: str) -> list[str]:
         """Answer the live holders of ``key`` in slot order."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class RateRequest:
+    """One token asked of a fleet-wide rate bucket (see :mod:`jobs_core.rate`).
+
+    Attributes:
+        key: the bucket, ``rate:<name>`` or ``rate-key:<name>:<key>``.
+        limit: grants allowed per window (1..10,000).
+        per_ms: the window in milliseconds (1 ms to a day).
+        now_ms: the request's instant in ms since the epoch; ``None`` (what workers send): the
+            store's own clock (the database's on pg, the server's ``TIME`` on Redis), so every
+            worker's requests are measured on one clock whatever their hosts' clocks say.
+    """
+
+    key: str
+    limit: int
+    per_ms: int
+    now_ms: int | None = None
+
+
+@runtime_checkable
+class RateStore(Protocol):
+    """Fleet-wide rate buckets (the ``rate`` capability): a sliding-window log per key.
+
+    A grant at ``now`` needs fewer than ``limit`` grants in ``(now - per_ms, now]``; a request
+    whose ``now`` is before the bucket's newest grant counts as arriving at that grant. One
+    atomic step per call (one statement on pg, one script on Redis), so concurrent workers never
+    both take the last token.
+    """
+
+    async def take_token(self, req: RateRequest) -> int:
+        """Take one token of ``req.key``, or answer how long until the next one is free.
+
+        Returns:
+            0 when granted (the grant is recorded); else the milliseconds (``>= 1``) from the
+            request's instant until a request would be granted (nothing is recorded).
+
+        Raises:
+            DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty key, a limit
+                outside 1..10,000 or a window outside 1 ms..1 day (:func:`check_rate_request`).
+            DriverUnavailableError: ``X_DRIVER_UNAVAILABLE``.
+        """
+        ...
+
+
+def check_rate_request(req: RateRequest) -> None:
+    """Refuse a token request no bucket may take: every :class:`RateStore` calls this first.
+
+    Raises:
+        DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for an empty key (or one holding
+            U+0000), a limit outside 1..10,000, a window outside 1 ms..1 day, or a negative
+            ``now_ms``.
+    """
+    limit, per = req.limit, req.per_ms
+    if (
+        not isinstance(req.key, str)
+        or not req.key
+        or text_problem(req.key) is not None
+        or isinstance(limit, bool)
+        or not isinstance(limit, int)
+        or not 1 <= limit <= MAX_RATE_LIMIT
+        or isinstance(per, bool)
+        or not isinstance(per, int)
+        or not 1 <= per <= MAX_RATE_PER_MS
+        or (req.now_ms is not None and (not isinstance(req.now_ms, int) or req.now_ms < 0))
+    ):
+        raise DriverRequestInvalidError(
+            f"a rate token needs a non-empty key, limit 1..{MAX_RATE_LIMIT:,} and per_ms "
+            f"1..{MAX_RATE_PER_MS:,}, got key={req.key!r}, limit={limit!r}, per_ms={per!r}",
+            key=repr(req.key),
+        )
 
 
 @dataclass(frozen=True, slots=True)

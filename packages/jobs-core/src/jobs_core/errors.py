@@ -284,6 +284,19 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
         "terminal",
     ),
     ErrorCode(
+        "X_JOB_RATE_LIMITED",
+        "RateLimitedError",
+        "A job with Rate(when_limited='fail') found its bucket's tokens spent; the body never ran and the attempt counts.",
+        "Use when_limited='wait' to hand the row back until the next token is free, or raise the rate.",
+    ),
+    ErrorCode(
+        "X_JOB_RATE_UNENFORCEABLE",
+        "RateUnenforceableError",
+        "A job declares a fleet rate but the worker's driver has no rate store.",
+        "Run the worker on a driver with the rate capability (memory://, postgresql://, redis://) or drop rate= from the job.",
+        "terminal",
+    ),
+    ErrorCode(
         "X_JOB_UNKNOWN",
         "JobUnknownError",
         "A job name no imported module declares: a row a worker claimed, or the NAME given to jobsctl enqueue.",
@@ -841,6 +854,18 @@ class ConcurrencyUnenforceableError(JobsError):
     """A job declares fleet concurrency but the worker's driver has no lease store."""
 
     code = "X_JOB_CONCURRENCY_UNENFORCEABLE"
+
+
+class RateLimitedError(JobsError):
+    """A job with Rate(when_limited='fail') found its bucket's tokens spent; the body never ran and the attempt counts."""
+
+    code = "X_JOB_RATE_LIMITED"
+
+
+class RateUnenforceableError(JobsError):
+    """A job declares a fleet rate but the worker's driver has no rate store."""
+
+    code = "X_JOB_RATE_UNENFORCEABLE"
 
 
 class JobUnknownError(JobsError):

@@ -14,6 +14,10 @@ raised for good                     (compensators run, newest first) then ``dead
                                     ``Retry(dead_letter=False)`` — ``dropped``
 never ran: key busy, ``fail``       ``failed`` with ``X_JOB_KEY_BUSY`` — ``refused``
 never ran: over a limit / ``wait``  handed back, attempt not spent — ``deferred``
+never ran: rate limited, ``wait``   handed back due when the next token is free, attempt not
+                                    spent — ``deferred``
+never ran: rate limited, ``fail``   ``X_JOB_RATE_LIMITED`` under the retry policy (attempt
+                                    spent) — ``retried``, ``dead-lettered`` or ``dropped``
 lost its fleet concurrency slot     handed back, attempt not spent, ``X_JOB_SLOT_LOST`` —
                                     ``interrupted``
 cancelled by an operator            untouched (the row is ``cancelled``) — ``cancelled``
@@ -43,6 +47,8 @@ from jobs_core.driver import (
     JobDriver,
     LeaseRequest,
     LeaseStore,
+    RateRequest,
+    RateStore,
     capability,
 )
 from jobs_core.errors import (
@@ -55,6 +61,7 @@ from jobs_core.errors import (
     KeyBusyError,
     MaxAttemptsError,
     OnSettledFailedError,
+    RateLimitedError,
     SlotLostError,
     TenantMismatchError,
     classification_of,
@@ -62,6 +69,7 @@ from jobs_core.errors import (
 from jobs_core.ids import new_id
 from jobs_core.job import JobHandle, JobRegistry, Settled
 from jobs_core.limits import Concurrency
+from jobs_core.rate import WhenLimited
 from jobs_core.retry import Retry
 from jobs_core.serialization import NotJSONError, to_json_form
 from jobs_core.steps import StepRunner, StepSuspended, SyncStep, UnwindReached, error_info
@@ -123,6 +131,7 @@ class AttemptEnv:
     settle_retry: SettleRetry | None = None
     events: EventBus | None = field(init=False)
     leases: LeaseStore | None = field(init=False)
+    rate: RateStore | None = field(init=False)
     introspect: Introspector | None = field(init=False)
     children: Children | None = field(init=False)
 
@@ -130,6 +139,7 @@ class AttemptEnv:
         """Resolve the driver's optional stores once."""
         self.events = capability(self.driver, "events")
         self.leases = capability(self.driver, "leases")
+        self.rate = capability(self.driver, "rate")
         self.introspect = capability(self.driver, "introspect")
         store = capability(self.driver, "children")
         self.children = (
@@ -148,6 +158,8 @@ class Attempt:
         cancel: the attempt's cancel signal.
         runner: its step runner, once the body starts.
         slot: the fleet concurrency slot held, if any.
+        rate_limited: the job's ``when_limited`` when its rate bucket refused this attempt a
+            token (the worker counts it in ``job_rate_limited_total``); ``None`` otherwise.
         lost: set when a heartbeat found the claim gone.
         slot_lost: set when a heartbeat found the fleet slot gone (the claim is still held, so
             the attempt is handed back, not counted).
@@ -167,6 +179,7 @@ class Attempt:
     cancel: CancelSignal = field(default_factory=CancelSignal)
     runner: StepRunner | None = None
     slot: LeaseRequest | None = None
+    rate_limited: WhenLimited | None = None
     lost: bool = False
     slot_lost: bool = False
     reports: int = 0
@@ -261,6 +274,39 @@ async def _acquire_slot(
     return await hand_back(env.driver, attempt.job, settle_retry=env.settle_retry)
 
 
+async def _take_token(
+    env: AttemptEnv, attempt: Attempt, handle: JobHandle[Any, Any], value: Any
+) -> Outcome | None:
+    """Take a token of the job's rate bucket; ``None`` when granted, else the settled outcome.
+
+    Taken after the fleet concurrency slot (a refused slot spends no token) and the step load,
+    right before the body, so the bucket counts attempts as they start. Refused under ``wait``,
+    the row is handed back due exactly when the store says the next token is free (measured on
+    the store's clock, like the hand-back's delay, so no worker's clock enters); under ``fail``
+    the attempt fails with ``X_JOB_RATE_LIMITED`` and the job's retry policy decides.
+    """
+    rate = handle.rate_limit
+    if rate is None or env.rate is None:
+        return None
+    key = rate.bucket(handle.name, value)
+    wait_ms = await env.rate.take_token(RateRequest(key, rate.limit, rate.window_ms))
+    if wait_ms <= 0:
+        return None
+    attempt.rate_limited = rate.when_limited
+    if rate.when_limited == "wait":
+        return await hand_back(
+            env.driver, attempt.job, delay_ms=wait_ms, settle_retry=env.settle_retry
+        )
+    error = RateLimitedError(
+        f"{handle.name}: the {rate.limit} starts per {rate.per_ms} ms of {key!r} are taken; "
+        f"the next token is free in {wait_ms} ms",
+        job=handle.name,
+        key=key,
+        wait_ms=wait_ms,
+    )
+    return await _fail(env, attempt, handle.retry, error_info(error), "retry")
+
+
 async def hand_back(
     driver: JobDriver,
     job: ClaimedJob,
@@ -294,6 +340,11 @@ async def _run(
     fence = job.fence  # a property that builds a Fence per read
     steps = env.driver.steps
     records = await steps.load(job.run_id)
+    if handle.rate_limit is not None and env.rate is not None:
+        # The token is the last thing before the body: what the bucket counts is the start.
+        limited = await _take_token(env, attempt, handle, value)
+        if limited is not None:
+            return limited
     runner = StepRunner(
         store=steps if env.settle_retry is None else env.settle_retry.steps(steps, job),
         job_id=job.id,

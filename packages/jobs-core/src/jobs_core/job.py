@@ -39,6 +39,7 @@ from jobs_core.ids import new_id
 from jobs_core.limits import Concurrency
 from jobs_core.outbox import submit_many, submit_one
 from jobs_core.priority import DEFAULT_PRIORITY, check_priority, priority_problem
+from jobs_core.rate import Rate
 from jobs_core.retry import Retry
 from jobs_core.tenancy import Actor, crossing_reason, current_actor
 from jobs_core.types import (
@@ -163,6 +164,8 @@ class JobHandle(Generic[I, R]):
     """A declared job: call it like its body, enqueue it, describe it.
 
     Built by :func:`job`; the attributes mirror the declaration (durations in milliseconds).
+    ``job(rate=...)`` is kept as :attr:`rate_limit` (a factory's handle may use ``rate`` for a
+    throttle of its own, as :class:`~jobs_core.factories.backfill.BackfillJob` does).
     """
 
     def __init__(
@@ -185,6 +188,7 @@ class JobHandle(Generic[I, R]):
         registry: JobRegistry,
         declared_at: tuple[str, int] | None = None,
         priority: int = DEFAULT_PRIORITY,
+        rate: Rate | None = None,
     ) -> None:
         """Hold a validated declaration (use :func:`job`, which validates).
 
@@ -210,6 +214,7 @@ class JobHandle(Generic[I, R]):
         self.tenant = tenant
         self.retry = retry
         self.concurrency = concurrency
+        self.rate_limit = rate
         self.timeout_ms = timeout_ms
         self.step_timeout_ms = step_timeout_ms
         self.event_poll_ms = event_poll_ms
@@ -743,6 +748,7 @@ class JobHandle(Generic[I, R]):
             },
             "max_attempts": self.max_attempts,
             "concurrency": concurrency,
+            "rate": None if self.rate_limit is None else self.rate_limit.describe(),
             "timeout_ms": self.timeout_ms,
             "step_timeout_ms": self.step_timeout_ms,
             "event_poll_ms": self.event_poll_ms,
@@ -925,6 +931,7 @@ def job(
     name: str | None = None,
     queue: str = "default",
     concurrency: int | Concurrency | None = None,
+    rate: Rate | None = None,
     timeout: Duration | None = None,
     step_timeout: Duration | None = None,
     event_poll: Duration | None = None,
@@ -951,6 +958,8 @@ def job(
         name: the durable name rows carry (default ``f"{module}.{qualname}"``).
         queue: the queue (default ``"default"``).
         concurrency: fleet-wide cap: an ``int >= 1`` or a :class:`~jobs_core.limits.Concurrency`.
+        rate: fleet-wide cap on attempts started per rolling window, a
+            :class:`~jobs_core.rate.Rate` (needs a driver with the ``rate`` capability).
         timeout: whole-attempt deadline.
         step_timeout: ceiling for one ``step.run``.
         event_poll: how long a waiting step parks between checks (default 30 s, or 15 min on a
@@ -1026,6 +1035,10 @@ def job(
             problems.append(
                 f"concurrency: must be an int >= 1 or Concurrency(...), got {concurrency!r}"
             )
+        if isinstance(rate, Rate):
+            problems.extend(rate.problems())
+        elif rate is not None:
+            problems.append(f"rate: must be a Rate(limit, per=...), got {rate!r}")
         timeout_ms = _duration_field(problems, "timeout", timeout)
         step_timeout_ms = _duration_field(problems, "step_timeout", step_timeout)
         event_poll_ms = _duration_field(problems, "event_poll", event_poll)
@@ -1082,6 +1095,7 @@ def job(
             registry=registry if isinstance(registry, JobRegistry) else REGISTRY,
             declared_at=declared_at,
             priority=priority,
+            rate=rate,
         )
         handle.registry.register(handle)
         return handle

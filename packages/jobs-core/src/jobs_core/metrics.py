@@ -14,6 +14,9 @@ series                                    kind       meaning
                                                      in this process has run (0 if none)
 ``queue_dead_jobs{queue}``                gauge      dead-letter size
 ``job_leases_lost_total{queue}``          counter    leases that lapsed while the body ran
+``job_rate_limited_total{queue,job,mode}``  counter  attempts a fleet ``Rate`` refused a token
+                                                     (``mode``: ``wait`` handed back, ``fail``
+                                                     failed)
 ``job_worker_in_flight``                  gauge      attempts running, summed over the
                                                      process's workers
 ``job_worker_capacity``                   gauge      slots, summed likewise
@@ -128,6 +131,12 @@ class JobsMetrics:
             ["queue"],
             registry=own,
         )
+        self.rate_limited_attempts = Counter(
+            "job_rate_limited",
+            "Attempts a fleet rate limit refused a token (mode wait: handed back; fail: failed).",
+            ["queue", "job", "mode"],
+            registry=own,
+        )
         self.depth = Gauge("queue_depth", "Due rows no worker holds yet.", ["queue"], registry=own)
         self.demand = Gauge(
             "queue_demand",
@@ -218,6 +227,16 @@ class JobsMetrics:
         self.jobs.labels(queue, outcome).inc()
         if outcome not in _NOT_RUN:
             self.durations.labels(queue, job).observe(seconds)
+
+    def rate_limited(self, queue: str, job: str, mode: str) -> None:
+        """Count one attempt a fleet rate limit refused a token.
+
+        Args:
+            queue: the row's queue.
+            job: the job name.
+            mode: the job's ``when_limited``: ``wait`` (handed back) or ``fail`` (failed).
+        """
+        self.rate_limited_attempts.labels(queue, job, mode).inc()
 
     def lease_lost(self, queue: str) -> None:
         """Count a lease that lapsed while its body ran."""

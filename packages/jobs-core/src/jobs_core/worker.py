@@ -55,6 +55,7 @@ from jobs_core.errors import (
     JobOptionsInvalidError,
     JobsError,
     LeaseLostError,
+    RateUnenforceableError,
     SlotLostError,
 )
 from jobs_core.execute import Attempt, AttemptEnv, Outcome, execute, hand_back
@@ -311,6 +312,18 @@ class Worker:
                 jobs=served,
                 driver=self.driver.name,
             )
+        rated = [
+            h.name
+            for h in self.registry.all()
+            if h.rate_limit is not None and h.queue in self.queues
+        ]
+        if rated and capability(self.driver, "rate") is None:
+            raise RateUnenforceableError(
+                f"jobs {', '.join(rated)} declare a rate but the {self.driver.name} driver has no "
+                "rate store",
+                jobs=rated,
+                driver=self.driver.name,
+            )
 
     def install_signal_handlers(self) -> None:
         """Drain on SIGTERM and SIGINT; a second one during the drain ends it at once.
@@ -339,6 +352,8 @@ class Worker:
         Raises:
             ConcurrencyUnenforceableError: ``X_JOB_CONCURRENCY_UNENFORCEABLE`` when a served job
                 declares ``concurrency`` and the driver has no lease store (nothing is claimed).
+            RateUnenforceableError: ``X_JOB_RATE_UNENFORCEABLE`` when a served job declares a
+                ``rate`` and the driver has no ``rate`` capability (nothing is claimed).
             JobsError: the driver's first-run checks failed (:func:`~jobs_core.driver.preflight`:
                 e.g. ``X_SCHEMA_NOT_MIGRATED``, ``X_PERMISSION_DENIED``); nothing is claimed.
         """
@@ -637,6 +652,8 @@ class Worker:
             self._outcomes[outcome] += 1
             if self.metrics is not None:
                 self.metrics.attempt(job.queue, job.name, outcome, self.clock.monotonic() - started)
+                if held.attempt.rate_limited is not None:
+                    self.metrics.rate_limited(job.queue, job.name, held.attempt.rate_limited)
             self._wake.set()
         if outcome == "cancelled":
             _log.info(

@@ -61,6 +61,7 @@ from jobs_pg._db import Db, Row, utc
 from jobs_pg._diagnose import unready
 from jobs_pg._migrate import apply_migrations
 from jobs_pg._outbox import PgOutboxStore
+from jobs_pg._rate import PgRateStore
 from jobs_pg._records import debounce_params, enqueue_params, json_text
 from jobs_pg._retention import PgRetentionStore
 from jobs_pg._sql import check_schema, wake_channel
@@ -93,6 +94,7 @@ CAPABILITY_SET = frozenset(
         "priority",
         "debounce",
         "children",
+        "rate",
     }
 )
 """What the driver carries: every capability."""
@@ -234,7 +236,7 @@ class PostgresDriver:
         name: ``"postgresql"``.
         capabilities: ``introspect``, ``leases``, ``events``, ``wake``, ``outbox``,
             ``scheduler_state``, ``leader``, ``workers``, ``counters``, ``backfills``,
-            ``retention``, ``children``.
+            ``retention``, ``children``, ``rate``.
         schema: the schema every table lives in.
         steps: the step store (:class:`~jobs_pg._stores.PgStepStore`).
         introspect: the operator surface.
@@ -250,6 +252,8 @@ class PostgresDriver:
         retention: deletes settled rows in bounded batches
             (:class:`~jobs_pg._retention.PgRetentionStore`).
         children: a run's child jobs (:class:`~jobs_pg._stores.PgChildJobs`, migration 0011).
+        rate: fleet-wide rate buckets, one statement per token
+            (:class:`~jobs_pg._rate.PgRateStore`).
 
     Args:
         url: a libpq URL (``postgresql://user@host:5432/db``) or key/value conninfo.
@@ -327,6 +331,7 @@ class PostgresDriver:
         self.backfills = PgBackfillLedger(self._db)
         self.retention = PgRetentionStore(self._db)
         self.children = PgChildJobs(self._db)
+        self.rate = PgRateStore(self._db)
 
     @classmethod
     async def connect(

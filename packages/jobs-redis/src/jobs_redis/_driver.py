@@ -19,6 +19,7 @@ key                             holds
 ``<base>ev:*``, ``evn:*``,      events, events by name, events by expiry, waiting steps by event
 ``evx``, ``evw:*``
 ``<base>ls:*``, ``lx:*``        lease slots in order, and their expiries
+``<base>rt:<bucket>``           a rate bucket's newest grant instants (``rate_take.lua``)
 ``<base>wake``                  the pub/sub channel carrying queue names
 ==============================  ==============================================================
 
@@ -98,6 +99,7 @@ from jobs_redis._codec import (
 )
 from jobs_redis._connection import CLUSTER_SCHEMES, UNAVAILABLE, Client, Connection, prepare
 from jobs_redis._introspect import RedisChildJobs, RedisIntrospector
+from jobs_redis._rate import RedisRateStore
 from jobs_redis._records import decode_steps, pairs, record_text
 from jobs_redis._retention import RedisRetentionStore
 from jobs_redis._scheduler import RedisLeaderLease, RedisSchedulerState, RedisWorkerRegistry
@@ -118,6 +120,7 @@ CARRIED: frozenset[str] = frozenset(
         "priority",
         "debounce",
         "children",
+        "rate",
     }
 )
 """The optional capabilities this driver declares."""
@@ -749,6 +752,7 @@ class RedisDriver:
             (:class:`~jobs_redis._scheduler.RedisSchedulerState`).
         leader: the scheduler's leader lease (:class:`~jobs_redis._scheduler.RedisLeaderLease`).
         workers: the worker registry (:class:`~jobs_redis._scheduler.RedisWorkerRegistry`).
+        rate: fleet-wide rate buckets (:class:`~jobs_redis._rate.RedisRateStore`).
         done_ttl_ms: how long a ``done`` row and its steps are kept (0: forever).
 
     Args:
@@ -822,6 +826,7 @@ class RedisDriver:
         self.scheduler_state = RedisSchedulerState(self)
         self.leader = RedisLeaderLease(self._s)
         self.workers = RedisWorkerRegistry(self._s)
+        self.rate = RedisRateStore(self._s)
 
     @classmethod
     async def connect(

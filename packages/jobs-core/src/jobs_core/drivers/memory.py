@@ -62,6 +62,7 @@ from jobs_core.driver import (
 )
 from jobs_core.drivers.memory_backfills import MemoryBackfillLedger
 from jobs_core.drivers.memory_outbox import MemoryOutboxStore
+from jobs_core.drivers.memory_rate import MemoryRateStore
 from jobs_core.drivers.memory_retention import MemoryRetentionStore
 from jobs_core.errors import (
     DriverRequestInvalidError,
@@ -128,6 +129,7 @@ _CAPABILITIES = frozenset(
         "priority",
         "debounce",
         "children",
+        "rate",
     }
 )
 _CURSOR = re.compile(r"mem1\|(-?\d{1,20})\|([0-9a-f]{32})")
@@ -1925,7 +1927,7 @@ class MemoryDriver:
         name: ``"memory"``.
         capabilities: ``introspect``, ``leases``, ``events``, ``wake``, ``workers``,
             ``counters``, ``scheduler_state``, ``leader``, ``outbox``, ``backfills``,
-            ``retention``, and the flags ``priority``, ``debounce`` and ``children``.
+            ``retention``, and the flags ``priority``, ``debounce``, ``children`` and ``rate``.
         steps: the step store (:class:`MemoryStepStore`).
         introspect: the operator surface (:class:`MemoryIntrospector`).
         leases: the lease store (:class:`MemoryLeaseStore`).
@@ -1939,6 +1941,7 @@ class MemoryDriver:
         backfills: the backfill ledger (:class:`MemoryBackfillLedger`).
         retention: deletes settled rows (:class:`MemoryRetentionStore`).
         children: child rows by their parent's run (:class:`MemoryChildJobs`).
+        rate: fleet-wide rate buckets (:class:`~jobs_core.drivers.memory_rate.MemoryRateStore`).
 
     Args:
         clock: the clock every time decision reads (due rows, leases, expiry, timestamps);
@@ -1969,6 +1972,7 @@ class MemoryDriver:
         self.backfills = MemoryBackfillLedger(self._m)
         self.retention = MemoryRetentionStore(self._m)
         self.children = MemoryChildJobs(self._m)
+        self.rate = MemoryRateStore(self._m)
 
     async def enqueue(self, req: EnqueueRequest) -> EnqueueResult:
         """Queue one row (the one-element case of :meth:`enqueue_many`).

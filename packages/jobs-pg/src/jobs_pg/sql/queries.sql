@@ -1175,3 +1175,48 @@ FROM {schema}.jobs j
 WHERE j.parent_run_id = %(run_id)s
   AND (%(ids)s::uuid[] IS NULL OR j.id = ANY(%(ids)s::uuid[]))
 ORDER BY j.created_at, j.id
+
+-- name: rate_take
+-- Takes one token of a sliding-window bucket in one statement (jobs_core.rate). `held` locks the
+-- bucket's row first, so concurrent takers queue on it and each sees every grant before it; the
+-- instant is then read with clock_timestamp() (an injected test clock, or `now_ms`, wins): the
+-- moment this taker holds the bucket, not when its statement began, so a grant's stamp is not
+-- earlier than the grant by the time it queued. An instant before the newest grant counts as
+-- that grant's (`greatest`), so the stamps never go backwards. The stamps are sorted, so the
+-- window is full exactly when the `limit`-th newest stamp is inside it: then nothing is recorded
+-- and the wait is that stamp plus the window minus the instant; else the instant is appended
+-- (wait 0). Only the newest `limit` stamps are kept. The commit does not wait for its WAL flush
+-- (`synchronous_commit` off for this statement's transaction only): takers queue on the lock,
+-- and a flush each would hold the queue back; a server crash forgets at most the last fraction
+-- of a second of grants. `t.quick` is tested so the planner cannot drop the set_config (it did:
+-- every take then waited for a flush, 80-180 ms on a busy server, past the token's stamp).
+WITH held AS (
+    SELECT 1 FROM {schema}.rate_buckets WHERE bucket_key = %(key)s FOR UPDATE
+),
+t AS (
+    SELECT coalesce(
+               %(now_ms)s::int8,
+               floor(extract(epoch FROM coalesce(%(now)s::timestamptz, clock_timestamp())) * 1000)::int8
+           ) AS ms,
+           set_config('synchronous_commit', 'off', true) AS quick
+    FROM (SELECT count(*) FROM held) AS after_lock
+)
+INSERT INTO {schema}.rate_buckets AS b (bucket_key, stamps, touched_ms, wait_ms)
+SELECT %(key)s, ARRAY[t.ms], t.ms, 0 FROM t WHERE t.quick IS NOT NULL
+ON CONFLICT (bucket_key) DO UPDATE
+SET stamps = CASE
+        WHEN b.stamps[cardinality(b.stamps) - %(limit)s + 1]
+             > greatest(EXCLUDED.touched_ms, b.stamps[cardinality(b.stamps)]) - %(per_ms)s
+        THEN b.stamps[cardinality(b.stamps) - %(limit)s + 1:]
+        ELSE b.stamps[greatest(1, cardinality(b.stamps) - %(limit)s + 2):]
+             || greatest(EXCLUDED.touched_ms, b.stamps[cardinality(b.stamps)])
+    END,
+    wait_ms = CASE
+        WHEN b.stamps[cardinality(b.stamps) - %(limit)s + 1]
+             > greatest(EXCLUDED.touched_ms, b.stamps[cardinality(b.stamps)]) - %(per_ms)s
+        THEN b.stamps[cardinality(b.stamps) - %(limit)s + 1] + %(per_ms)s
+             - greatest(EXCLUDED.touched_ms, b.stamps[cardinality(b.stamps)])
+        ELSE 0
+    END,
+    touched_ms = greatest(EXCLUDED.touched_ms, b.stamps[cardinality(b.stamps)])
+RETURNING b.wait_ms
