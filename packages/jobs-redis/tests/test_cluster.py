@@ -83,7 +83,10 @@ async def test_three_prefixes_on_three_masters_each_run_their_rows_once(cluster_
         procs = [spawn(cluster_url, p, "redis_count_app", "--concurrency", "16") for p in prefixes]
 
         async def finished() -> bool:
-            assert all(p.poll() is None for p in procs), "a worker process died"
+            for p in procs:
+                if p.poll() is not None:
+                    assert p.stderr is not None
+                    raise AssertionError(f"a worker process died: {p.stderr.read().decode()}")
             for driver in drivers:
                 [stats] = await driver.stats()
                 if stats.done != ROWS:

@@ -1127,6 +1127,8 @@ _INSTALL_HINTS = {
     "postgres": _PG_HINT,
     "redis": _REDIS_HINT,
     "rediss": _REDIS_HINT,
+    "redis+cluster": _REDIS_HINT,
+    "rediss+cluster": _REDIS_HINT,
 }
 
 
