@@ -302,12 +302,13 @@ async def running_worker(
     *,
     queues: Sequence[str] = ("default",),
     visibility_timeout: str = "30s",
+    concurrency: int = 4,
 ) -> AsyncIterator[Worker]:
     """Run a real :class:`~jobs_core.worker.Worker` on the target for the ``async with`` body."""
     worker = Worker(
         target.driver,
         queues=queues,
-        concurrency=4,
+        concurrency=concurrency,
         poll_interval="5ms",
         idle_poll_max="20ms",
         visibility_timeout=visibility_timeout,

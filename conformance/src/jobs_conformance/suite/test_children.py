@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 from uuid import UUID
 
 from pydantic import BaseModel
 
-from jobs_conformance.target import Target, claim, eventually, outcome, request
+from jobs_conformance.target import Target, claim, eventually, outcome, request, running_worker
 from jobs_core import JobRegistry, Retry, classify, job, use_driver
 from jobs_core import introspect as ops
 from jobs_core.children import CHILD_SETTLED, child_ids
@@ -99,27 +99,11 @@ def _jobs(registry: JobRegistry, released: asyncio.Event, seen: list[tuple[str, 
     return double, parent
 
 
-@asynccontextmanager
-async def _worker(
+def _worker(
     target: Target, registry: JobRegistry, queues: Sequence[str] = ("default",)
-) -> AsyncIterator[Worker]:
+) -> AbstractAsyncContextManager[Worker]:
     # One slot: children can only run while the parent waits if the parent holds no slot.
-    worker = Worker(
-        target.driver,
-        queues=list(queues),
-        concurrency=1,
-        poll_interval="5ms",
-        idle_poll_max="20ms",
-        visibility_timeout="30s",
-        registry=registry,
-        clock=target.clock,
-    )
-    task = asyncio.get_running_loop().create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        await worker.stop()
-        await task
+    return running_worker(target, registry, queues=queues, concurrency=1)
 
 
 async def _settled(target: Target, job_id: UUID, timeout: float = 20.0) -> tuple[str, str | None]:

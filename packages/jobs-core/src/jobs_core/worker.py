@@ -300,30 +300,28 @@ class Worker:
         )
 
     def _check_enforceable(self) -> None:
-        served = [
-            h.name
-            for h in self.registry.all()
-            if h.concurrency is not None and h.queue in self.queues
-        ]
-        if served and capability(self.driver, "leases") is None:
-            raise ConcurrencyUnenforceableError(
-                f"jobs {', '.join(served)} declare concurrency but the {self.driver.name} driver "
-                "has no lease store",
-                jobs=served,
-                driver=self.driver.name,
-            )
-        rated = [
-            h.name
-            for h in self.registry.all()
-            if h.rate_limit is not None and h.queue in self.queues
-        ]
-        if rated and capability(self.driver, "rate") is None:
-            raise RateUnenforceableError(
-                f"jobs {', '.join(rated)} declare a rate but the {self.driver.name} driver has no "
-                "rate store",
-                jobs=rated,
-                driver=self.driver.name,
-            )
+        served = [h for h in self.registry.all() if h.queue in self.queues]
+        checks: tuple[tuple[list[str], str, str, type[JobsError]], ...] = (
+            (
+                [h.name for h in served if h.concurrency is not None],
+                "leases",
+                "concurrency but the {driver} driver has no lease store",
+                ConcurrencyUnenforceableError,
+            ),
+            (
+                [h.name for h in served if h.rate_limit is not None],
+                "rate",
+                "a rate but the {driver} driver has no rate store",
+                RateUnenforceableError,
+            ),
+        )
+        for names, needed, what, error in checks:
+            if names and capability(self.driver, needed) is None:
+                raise error(
+                    f"jobs {', '.join(names)} declare " + what.format(driver=self.driver.name),
+                    jobs=names,
+                    driver=self.driver.name,
+                )
 
     def install_signal_handlers(self) -> None:
         """Drain on SIGTERM and SIGINT; a second one during the drain ends it at once.

@@ -63,7 +63,7 @@ async def apply_migrations(conn: psycopg.AsyncConnection[Any], schema: str) -> l
     was_autocommit = conn.autocommit
     await conn.set_autocommit(True)
     try:
-        while not await _try_lock(conn, "pg_try_advisory_lock", schema):  # noqa: ASYNC110
+        while not await _try_lock(conn, schema):  # noqa: ASYNC110
             await asyncio.sleep(LOCK_POLL_S)
         try:
             applied: list[str] = []
@@ -89,11 +89,10 @@ async def apply_migrations(conn: psycopg.AsyncConnection[Any], schema: str) -> l
     return applied
 
 
-async def _try_lock(conn: psycopg.AsyncConnection[Any], function: str, schema: str) -> bool:
-    """Try the migration lock once with ``function`` (never a blocking wait; see LOCK_POLL_S)."""
+async def _try_lock(conn: psycopg.AsyncConnection[Any], schema: str) -> bool:
+    """Try the migration lock once (never a blocking wait; see LOCK_POLL_S)."""
     cur = await conn.execute(
-        sql.SQL("SELECT {}(hashtext(%s), hashtext(%s))").format(sql.Identifier(function)),
-        (LOCK_NAMESPACE, schema),
+        "SELECT pg_try_advisory_lock(hashtext(%s), hashtext(%s))", (LOCK_NAMESPACE, schema)
     )
     row = await cur.fetchone()
     return bool(row and row[0])
