@@ -86,7 +86,17 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-ALL_FIGURES = ("enqueue-single", "enqueue-batch", "processing", "durable", "pickup", "log-cost")
+PG_ONLY = {"cli-defaults"}
+"""Figures whose target is set on pg alone (the CLI at its defaults against ``pgq run``)."""
+ALL_FIGURES = (
+    "enqueue-single",
+    "enqueue-batch",
+    "processing",
+    "cli-defaults",
+    "durable",
+    "pickup",
+    "log-cost",
+)
 
 
 def main(argv: list[str]) -> int:
@@ -211,6 +221,7 @@ def _figures(
         "enqueue-single": lambda d: suite.ours_enqueue_single(d, sizes),
         "enqueue-batch": lambda d: suite.ours_enqueue_many(d, sizes),
         "processing": lambda d: suite.ours_drain(d, "noop", sizes.processing, conc),
+        "cli-defaults": lambda d: suite.ours_cli_defaults(d, sizes),
         "durable": lambda d: suite.ours_drain(d, "three", sizes.durable, conc),
         "pickup": lambda d: suite.ours_pickup(d, sizes, conc),
         "log-cost": lambda d: suite.ours_log_cost(d, sizes, conc),
@@ -220,6 +231,8 @@ def _figures(
             print(f"round {rep + 1}/{args.repeat}", file=sys.stderr, flush=True)
             for figure in figures:
                 for driver in drivers:
+                    if figure in PG_ONLY and driver != "pg":
+                        continue
                     results.record(
                         figure, f"ours:{driver}", lambda f=figure, d=driver: ours_runs[f](d)
                     )
@@ -229,6 +242,7 @@ def _figures(
                         results.record(figure, name, lambda r=run: r(sizes))
             if not args.no_floors:
                 floors = [("pg-serial", sizes.floor_serial), ("pg-batch", sizes.floor_batch)]
+                floors += [("pg-insert", sizes.single), ("pg-insert-batch", sizes.batch_total)]
                 floors += [
                     ("redis-plain", sizes.floor_redis_plain),
                     ("redis-pipelined", sizes.floor_redis_pipelined),

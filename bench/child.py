@@ -28,6 +28,8 @@ WORKLOADS = {
     "ours-rss": "bench.ours:rss",
     "floor-pg-serial": "bench.floors:pg_serial",
     "floor-pg-batch": "bench.floors:pg_batch",
+    "floor-pg-insert": "bench.floors:pg_insert",
+    "floor-pg-insert-batch": "bench.floors:pg_insert_batch",
     "floor-redis-plain": "bench.floors:redis_plain",
     "floor-redis-pipelined": "bench.floors:redis_pipelined",
     "peer": "bench.peers:run_peer_workload",

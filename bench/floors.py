@@ -4,6 +4,10 @@
   ``UPDATE ... SET state = 'done'`` (two commits, two round trips).
 * ``pg-batch``: the same with 1,000 rows per statement (an ``INSERT ... SELECT FROM unnest``
   and an ``UPDATE ... WHERE id = ANY``).
+* ``pg-insert``: psycopg in autocommit, one ``INSERT`` of one row per call into a table with
+  only a primary key: one round trip and one durable commit, the ceiling of a single enqueue.
+* ``pg-insert-batch``: the same with 1,000 rows per ``INSERT ... SELECT FROM unnest``: the
+  ceiling of ``enqueue_many``.
 * ``redis-plain``: redis-py, per job one ``LPUSH`` and one ``RPOP``.
 * ``redis-pipelined``: the same commands sent 1,000 pairs per pipeline (no MULTI).
 
@@ -70,6 +74,55 @@ def pg_batch(url: str, n: int) -> dict[str, Any]:
     return {"value": n // BATCH * BATCH / elapsed, "unit": "jobs/s", "n": n, "seconds": elapsed}
 
 
+_INSERT_TABLE = """
+CREATE TABLE floor_inserts (
+    id uuid PRIMARY KEY,
+    payload jsonb NOT NULL
+)
+"""
+
+
+def pg_insert(url: str, n: int) -> dict[str, Any]:
+    """One single-row INSERT per call, autocommit, prepared; answer rows/s."""
+    import uuid
+
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True, prepare_threshold=0) as conn:
+        conn.execute(_INSERT_TABLE, prepare=False)
+        payload = json.dumps({"k": "x"})
+        started = time.perf_counter()
+        for _ in range(n):
+            conn.execute(
+                "INSERT INTO floor_inserts (id, payload) VALUES (%s, %s)", (uuid.uuid4(), payload)
+            )
+        elapsed = time.perf_counter() - started
+        _verify(_inserted(conn), n)
+    return {"value": n / elapsed, "unit": "jobs/s", "n": n, "seconds": elapsed}
+
+
+def pg_insert_batch(url: str, n: int) -> dict[str, Any]:
+    """1,000 rows per INSERT ... SELECT FROM unnest, autocommit; answer rows/s."""
+    import uuid
+
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True, prepare_threshold=0) as conn:
+        conn.execute(_INSERT_TABLE, prepare=False)
+        payloads = [json.dumps({"k": str(i)}) for i in range(BATCH)]
+        started = time.perf_counter()
+        for _ in range(n // BATCH):
+            ids = [uuid.uuid4() for _ in range(BATCH)]
+            conn.execute(
+                "INSERT INTO floor_inserts (id, payload) "
+                "SELECT * FROM unnest(%s::uuid[], %s::jsonb[])",
+                (ids, payloads),
+            )
+        elapsed = time.perf_counter() - started
+        _verify(_inserted(conn), n // BATCH * BATCH)
+    return {"value": n // BATCH * BATCH / elapsed, "unit": "jobs/s", "n": n, "seconds": elapsed}
+
+
 def redis_plain(url: str, n: int) -> dict[str, Any]:
     """LPUSH then RPOP per job; answer jobs/s."""
     import redis
@@ -115,6 +168,11 @@ def redis_pipelined(url: str, n: int) -> dict[str, Any]:
 
 def _done(conn: Any) -> int:
     row = conn.execute("SELECT count(*) FROM floor_jobs WHERE state = 'done'").fetchone()
+    return int(row[0])
+
+
+def _inserted(conn: Any) -> int:
+    row = conn.execute("SELECT count(*) FROM floor_inserts").fetchone()
     return int(row[0])
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import threading
 import time
@@ -49,6 +50,16 @@ class _Seen:
             self.count += 1
             if self.first_ns is None:
                 self.first_ns = now
+                # A worker the orchestrator started as a CLI reports its first body start the
+                # way the peers' workers do (bench.peers.MARK_ENV).
+                _mark_first(now)
+
+
+def _mark_first(now: int) -> None:
+    path = os.environ.get("BENCH_MARK_FILE")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{now}\n")
 
 
 SEEN = _Seen()

@@ -16,6 +16,7 @@ FIGURES = [
     ("enqueue-single", "enqueue, one call at a time (jobs/s)"),
     ("enqueue-batch", "enqueue in batches of 1,000 (jobs/s)"),
     ("processing", "no-op jobs drained by one worker process (jobs/s)"),
+    ("cli-defaults", "no-op jobs drained by the worker CLI at its defaults (jobs/s)"),
     ("durable", "3-step durable runs, one worker process (runs/s)"),
     ("step-overhead", "per-step overhead vs a no-op job (ms, lower is better)"),
     ("pickup", "pickup latency p50 / p95 / max (ms, lower is better)"),
@@ -30,11 +31,16 @@ RATIOS = {"log-cost", "log-cost-json"}
 """Rows whose figure is a ratio within one system (1.00: the log lines cost nothing)."""
 OURS = ("memory", "pg", "redis")
 FLOORS = [
-    ("pg-serial", "psycopg INSERT + UPDATE per job, autocommit", "pg"),
-    ("pg-batch", "psycopg INSERT + UPDATE, 1,000 rows per statement", "pg"),
-    ("redis-plain", "redis-py LPUSH + RPOP per job", "redis"),
-    ("redis-pipelined", "redis-py LPUSH + RPOP, 1,000 pairs per pipeline", "redis"),
+    ("pg-serial", "psycopg INSERT + UPDATE per job, autocommit", "pg", "processing"),
+    ("pg-batch", "psycopg INSERT + UPDATE, 1,000 rows per statement", "pg", "processing"),
+    ("pg-insert", "psycopg one INSERT per call, autocommit (key only)", "pg", "enqueue-single"),
+    ("pg-insert-batch", "psycopg INSERT of 1,000 rows per call (key only)", "pg", "enqueue-batch"),
+    ("redis-plain", "redis-py LPUSH + RPOP per job", "redis", "processing"),
+    ("redis-pipelined", "redis-py LPUSH + RPOP, 1,000 pairs per pipeline", "redis", "processing"),
 ]
+"""Each floor: (name, label, the backend, the figure of ours (and the peers) set against it).
+The insert floors are the ceiling of an enqueue: one durable commit and one round trip a call,
+no index but the key, no queue logic."""
 LOWER_IS_BETTER = {
     "step-overhead",
     "pickup",
@@ -135,15 +141,20 @@ def table(results: Results, peers: dict[str, str]) -> list[str]:
                 f"{_fmt(results, figure, peer)} | {_ratio(results, figure, backend, peer)} |"
             )
     lines.append("")
-    lines.append("| floor (no queue logic) | jobs/s | ours processing / floor |")
-    lines.append("|---|---:|---:|")
-    for name, label, backend in FLOORS:
+    lines.append("| floor (no queue logic) | jobs/s | against | ours / floor | peers / floor |")
+    lines.append("|---|---:|---|---:|---|")
+    for name, label, backend, figure in FLOORS:
         floor = _key(results, name, "floor")
         if floor is None:
             continue
-        ours = _key(results, "processing", f"ours:{backend}")
+        ours = _key(results, figure, f"ours:{backend}")
         ratio = f"{ours / floor:.2f}× ({backend})" if ours else ""
-        lines.append(f"| {label} | {floor:,.0f} | {ratio} |")
+        shares = [
+            f"{peer} {value / floor:.2f}×"
+            for peer, peer_backend in peers.items()
+            if peer_backend == backend and (value := _key(results, figure, peer))
+        ]
+        lines.append(f"| {label} | {floor:,.0f} | {figure} | {ratio} | {', '.join(shares)} |")
     return lines
 
 

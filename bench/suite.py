@@ -185,6 +185,37 @@ LOG_MODES = ("warning", "text", "json")
 """The worker logging the log-cost figure compares, in the order each repeat drains them."""
 
 
+def ours_cli_defaults(driver: str, sizes: Sizes) -> dict[str, Any]:
+    """Drain no-op rows with ``jobsctl worker bench.ours --driver URL``: the CLI at its defaults.
+
+    The worker is the CLI as a user starts it, nothing else on its command line (default
+    concurrency, log level info with one text line a job, written to a file as a log collector
+    would read it); timed like the peers' CLIs, from its first body start to the poll that counts
+    every row ``done``. pg only: the figure the out-of-the-box target sets against ``pgq run``.
+    """
+    from bench.peers import processing
+
+    if driver != "pg":
+        raise ValueError("the CLI-defaults figure runs on pg")
+    url = ours_url(driver)
+    n = sizes.processing
+    return processing(
+        fill=lambda: run_child("ours-fill", {"url": url, "which": "noop", "n": n}),
+        worker_argv=[sys.executable, "-m", "jobs_core", "worker", "bench.ours", "--driver", url],
+        count=lambda: _done_rows(url),
+        n=n,
+        pg_database=OURS_DB,
+    )
+
+
+def _done_rows(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM jobs.jobs WHERE state = 'done'").fetchone()
+    return int(row[0]) if row else 0
+
+
 def ours_log_cost(driver: str, sizes: Sizes, concurrency: int) -> dict[str, Any]:
     """Answer the no-op drain rate with per-job log lines as a share of it at ``warning``.
 

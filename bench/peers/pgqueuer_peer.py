@@ -142,16 +142,9 @@ def _count(entrypoint: str) -> int:
     return int(row[0]) if row else 0
 
 
-def _worker_argv() -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "bench.peers.pgq_cli",
-        "run",
-        "bench.peers.pgqueuer_peer:factory",
-        "--log-level",
-        "WARNING",
-    ]
+def _worker_argv(*, quiet: bool = True) -> list[str]:
+    argv = [sys.executable, "-m", "bench.peers.pgq_cli", "run", "bench.peers.pgqueuer_peer:factory"]
+    return argv + (["--log-level", "WARNING"] if quiet else [])
 
 
 def _processing(sizes: Any) -> dict[str, Any]:
@@ -159,6 +152,18 @@ def _processing(sizes: Any) -> dict[str, Any]:
     return processing(
         fill=lambda: child(NAME, "fill", n=sizes.processing),
         worker_argv=_worker_argv(),
+        count=lambda: _count("noop"),
+        n=sizes.processing,
+        pg_database=DATABASE,
+    )
+
+
+def _cli_defaults(sizes: Any) -> dict[str, Any]:
+    """``pgq run`` with nothing but the factory: every option at pgqueuer's default."""
+    _prepare()
+    return processing(
+        fill=lambda: child(NAME, "fill", n=sizes.processing),
+        worker_argv=_worker_argv(quiet=False),
         count=lambda: _count("noop"),
         n=sizes.processing,
         pg_database=DATABASE,
@@ -190,6 +195,7 @@ FIGURES = {
     "enqueue-single": _single,
     "enqueue-batch": _batch,
     "processing": _processing,
+    "cli-defaults": _cli_defaults,
     "pickup": _pickup,
 }
 WORKLOADS = {
