@@ -20,6 +20,8 @@ key                             holds
 ``evx``, ``evw:*``
 ``<base>ls:*``, ``lx:*``        lease slots in order, and their expiries
 ``<base>rt:<bucket>``           a rate bucket's newest grant instants (``rate_take.lua``)
+``<base>cn``, ``cz:*``,         per-job outcome counters: names, tier indexes, buckets (see
+``cb:*``                        :mod:`jobs_redis._counters`)
 ``<base>wake``                  the pub/sub channel carrying queue names
 ==============================  ==============================================================
 
@@ -44,6 +46,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -98,6 +101,7 @@ from jobs_redis._codec import (
     unopt,
 )
 from jobs_redis._connection import CLUSTER_SCHEMES, UNAVAILABLE, Client, Connection, prepare
+from jobs_redis._counters import RedisCounterStore
 from jobs_redis._introspect import RedisChildJobs, RedisIntrospector
 from jobs_redis._rate import RedisRateStore
 from jobs_redis._records import decode_steps, pairs, record_text
@@ -121,6 +125,7 @@ CARRIED: frozenset[str] = frozenset(
         "debounce",
         "children",
         "rate",
+        "counters",
     }
 )
 """The optional capabilities this driver declares."""
@@ -129,7 +134,6 @@ _NOT_CARRIED: dict[str, str] = {
     "outbox": "the transaction is the database's: stage in Postgres, relay onto Redis",
     "backfills": "no ledger: a backfill is refused with X_NOT_IMPLEMENTED; run backfills on "
     "postgresql://",
-    "counters": "no per-job counter history; stats() counts per queue",
 }
 
 _QUEUED_STATES = frozenset({JobState.READY, JobState.DELAYED, JobState.SUSPENDED})
@@ -680,6 +684,7 @@ class _PendingAck:
     job_id: UUID
     fence: Fence
     result: str
+    duration: str
     answer: asyncio.Future[bool]
 
 
@@ -695,7 +700,7 @@ class _AckBatcher:
         self._pending: dict[asyncio.AbstractEventLoop, list[_PendingAck]] = {}
         self._flushers: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
 
-    async def ack(self, job_id: UUID, fence: Fence, result: str) -> bool:
+    async def ack(self, job_id: UUID, fence: Fence, result: str, duration_ms: float | None) -> bool:
         loop = asyncio.get_running_loop()
         pending = self._pending.get(loop)
         if pending is None:
@@ -703,7 +708,10 @@ class _AckBatcher:
                 del self._pending[gone]
                 self._flushers.pop(gone, None)
             pending = self._pending[loop] = []
-        mine = _PendingAck(job_id, fence, result, loop.create_future())
+        # A non-finite duration would make HINCRBYFLOAT fail halfway through the batch's script.
+        finite = duration_ms is not None and math.isfinite(duration_ms)
+        duration = repr(float(duration_ms)) if finite and duration_ms is not None else ""
+        mine = _PendingAck(job_id, fence, result, duration, loop.create_future())
         pending.append(mine)
         flusher = self._flushers.get(loop)
         if flusher is None or flusher.done():
@@ -716,7 +724,7 @@ class _AckBatcher:
             del pending[:ACK_BATCH]
             args: list[Any] = [self._s.keys.base, self._done_ttl_ms, len(batch)]
             for p in batch:
-                args += (str(p.job_id), p.fence.worker_id, str(p.fence.claim), p.result)
+                args += (str(p.job_id), p.fence.worker_id, str(p.fence.claim), p.result, p.duration)
             try:
                 landed = await self._s.run("ack", [self._s.keys.seq], args)
             except Exception as exc:
@@ -753,6 +761,8 @@ class RedisDriver:
         leader: the scheduler's leader lease (:class:`~jobs_redis._scheduler.RedisLeaderLease`).
         workers: the worker registry (:class:`~jobs_redis._scheduler.RedisWorkerRegistry`).
         rate: fleet-wide rate buckets (:class:`~jobs_redis._rate.RedisRateStore`).
+        counters: per-job outcome counters in tiers
+            (:class:`~jobs_redis._counters.RedisCounterStore`).
         done_ttl_ms: how long a ``done`` row and its steps are kept (0: forever).
 
     Args:
@@ -827,6 +837,7 @@ class RedisDriver:
         self.leader = RedisLeaderLease(self._s)
         self.workers = RedisWorkerRegistry(self._s)
         self.rate = RedisRateStore(self._s)
+        self.counters = RedisCounterStore(self._s)
 
     @classmethod
     async def connect(
@@ -970,8 +981,9 @@ class RedisDriver:
         server's clock; paused queues yield nothing. A lapsed row whose counted attempts reach
         ``max_attempts`` is buried instead: ``dead`` with ``last_error``
         ``LEASE_LAPSED_FINAL_ATTEMPT``, or ``failed`` if its name is in ``req.drop_exhausted``; it
-        frees its key and is reported to ``req.on_exhausted``. Each handed-out row is ``running``
-        until the server's now plus ``req.visibility_timeout_ms``, its ``claim`` one higher.
+        frees its key, adds to its job's counters and is reported to ``req.on_exhausted``. Each
+        handed-out row is ``running`` until the server's now plus ``req.visibility_timeout_ms``,
+        its ``claim`` one higher.
 
         Returns:
             The claimed rows; ``attempt`` is the spent attempts plus one.
@@ -1049,10 +1061,12 @@ class RedisDriver:
     async def ack(self, job_id: UUID, by: Settle) -> bool:
         """Settle a row ``done`` with ``by.result``; fenced on ``running`` and ``by.fence``.
 
-        The attempt is counted and the row's idempotency key freed. With ``done_ttl`` the row and
-        its steps expire that long after the ack. Acks made on one event loop while an earlier
-        one is in flight go together in the next ``ack.lua`` call (up to :data:`ACK_BATCH`), so
-        a busy worker settles many rows per round trip and a lone ack waits for nothing.
+        The attempt is counted, the row's idempotency key freed, and ``done`` (with
+        ``by.duration_ms``; a non-finite one counts as 0) added to the job's current 1-minute
+        counter bucket in the same script. With ``done_ttl`` the row and its steps expire that
+        long after the ack. Acks made on one event loop while an earlier one is in flight go
+        together in the next ``ack.lua`` call (up to :data:`ACK_BATCH`), so a busy worker settles
+        many rows per round trip and a lone ack waits for nothing.
 
         Returns:
             ``True`` when settled; ``False``, changing nothing, when someone else owns the row.
@@ -1061,7 +1075,7 @@ class RedisDriver:
             DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a result that is not JSON.
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
         """
-        return await self._acks.ack(job_id, by.fence, encode(by.result, "result"))
+        return await self._acks.ack(job_id, by.fence, encode(by.result, "result"), by.duration_ms)
 
     async def nack(self, job_id: UUID, opts: NackOptions) -> bool:
         """Settle a row in ``nack_state(opts)``; fenced like :meth:`ack`.
@@ -1070,7 +1084,9 @@ class RedisDriver:
         which never counts. ``opts.error``, when given, becomes the row's last error. A
         ``ready``/``delayed``/``suspended`` row is due at the server's now plus ``opts.delay_ms``
         (its queue is published on the wake channel when that is now); ``dead``/``failed`` frees
-        its key and is kept whatever ``done_ttl`` says.
+        its key and is kept whatever ``done_ttl`` says. The job's current 1-minute counter bucket
+        gains ``dead``, ``failed``, or ``retried`` (a counted attempt settled ``ready``/
+        ``delayed``), in the same script.
 
         Returns:
             ``True`` when settled; ``False``, changing nothing, when someone else owns the row.
