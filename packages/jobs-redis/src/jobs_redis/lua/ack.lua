@@ -76,8 +76,10 @@ for name, c in pairs(counted) do
   local ck = base .. 'cb:1m:' .. minute .. ':' .. name
   redis.call('HINCRBY', ck, 'done', c[1])
   if c[2] ~= 0 then redis.call('HINCRBYFLOAT', ck, 'dur', string.format('%.17g', c[2])) end
-  redis.call('ZADD', base .. 'cz:1m:' .. name, minute, minute)
-  redis.call('SADD', base .. 'cn', name)
+  -- A name whose index already held this minute is in <base>cn already.
+  if redis.call('ZADD', base .. 'cz:1m:' .. name, minute, minute) == 1 then
+    redis.call('SADD', base .. 'cn', name)
+  end
 end
 if ttl > 0 then
   for queue in pairs(touched) do

@@ -114,8 +114,10 @@ for _, c in ipairs(cands) do
       'err', '=LEASE_LAPSED_FINAL_ATTEMPT', 'errc', '=X_JOB_MAX_ATTEMPTS', 'errs', '')
     redis.call('HINCRBY', qk .. ':f', state, 1)
     redis.call('HINCRBY', base .. 'cb:1m:' .. minute .. ':' .. name, state, 1)
-    redis.call('ZADD', base .. 'cz:1m:' .. name, minute, minute)
-    redis.call('SADD', base .. 'cn', name)
+    -- A name whose index already held this minute is in <base>cn already.
+    if redis.call('ZADD', base .. 'cz:1m:' .. name, minute, minute) == 1 then
+      redis.call('SADD', base .. 'cn', name)
+    end
     redis.call('ZREM', base .. 'x:' .. queue .. ':' .. was[1], xm)
     redis.call('ZADD', base .. 'x:' .. queue .. ':' .. state, 0, xm)
     local lk = redis.call('HGET', jk, 'lk')

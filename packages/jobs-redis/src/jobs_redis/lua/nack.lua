@@ -42,8 +42,10 @@ if outcome then
   -- The 1-minute bucket holding now (ms, aligned on the epoch); counters.lua reads the layout.
   local minute = string.format('%.0f', math.floor(now / 60000000) * 60000)
   redis.call('HINCRBY', base .. 'cb:1m:' .. minute .. ':' .. row[10], outcome, 1)
-  redis.call('ZADD', base .. 'cz:1m:' .. row[10], minute, minute)
-  redis.call('SADD', base .. 'cn', row[10])
+  -- A name whose index already held this minute is in <base>cn already.
+  if redis.call('ZADD', base .. 'cz:1m:' .. row[10], minute, minute) == 1 then
+    redis.call('SADD', base .. 'cn', row[10])
+  end
 end
 if ARGV[7] == '1' then
   redis.call('HSET', jk, 'err', ARGV[8], 'errc', ARGV[9], 'errs', ARGV[10])
