@@ -494,8 +494,11 @@ class RedisWakeSource:
     a back-off of 50 ms doubling to 2 s, and a silent one is caught by a ``PING`` every
     ``ping_s`` seconds that must be answered within another ``ping_s``. After a reconnect every
     known queue is announced once, so work that arrived during the gap is picked up at once.
-    ``jobs.wake.lost`` (warning) and ``jobs.wake.live`` (info) are logged on the transitions, and
-    :attr:`healthy` says whether every subscription is listening now.
+    Any other error (an error reply such as an ACL's ``NOPERM``, or a callback that raised) is
+    logged as ``jobs.wake.error`` (error, with the traceback; once per distinct error) and retried
+    on the same back-off, so the subscription never ends by itself. ``jobs.wake.lost`` (warning)
+    and ``jobs.wake.live`` (info) are logged on the transitions, and :attr:`healthy` says whether
+    every subscription is listening now.
 
     Args:
         shared: the driver's connection and keys.
@@ -517,8 +520,8 @@ class RedisWakeSource:
         """Call ``callback(queue)`` on the calling task's loop whenever work may be due.
 
         Returns once the first ``SUBSCRIBE`` is confirmed, so work enqueued after this call is
-        heard; or after the first attempt failed (the server is down), so a worker starting
-        during an outage starts at once and polls while the subscription keeps dialling in the
+        heard; or after the first attempt failed (the server is down, or refused it), so a worker
+        starting then starts at once and polls while the subscription keeps trying in the
         background.
 
         Returns:
@@ -570,6 +573,8 @@ class RedisWakeSource:
         loop = asyncio.get_running_loop()
         backoff = 0.05
         gap = False
+        # The last error reply logged, so a listener refused on every retry logs it once.
+        refused: str | None = None
         while True:
             client = self._s.conn.client()
             pubsub = client.pubsub()
@@ -577,6 +582,12 @@ class RedisWakeSource:
                 async with self._s.conn.deadline():
                     await prepare(client)
                     await pubsub.subscribe(self._s.keys.wake)
+                    # redis-py sends SUBSCRIBE without reading its reply: the confirmation, or
+                    # the error reply refusing it (raised here), is the first message, and only
+                    # a confirmation makes the subscription live.
+                    confirmed = None
+                    while confirmed is None or confirmed["type"] != "subscribe":
+                        confirmed = await pubsub.get_message(timeout=None)
                     # Wakes published while we were away are lost: announce every queue once.
                     missed = await client.smembers(self._s.keys.queues) if gap else set()
                 for queue in sorted(missed):
@@ -585,7 +596,7 @@ class RedisWakeSource:
                     _log.info("jobs.wake.live", extra={"event": "jobs.wake.live"})
                 self._listening[me] = True
                 first.set()
-                gap, backoff = False, 0.05
+                gap, backoff, refused = False, 0.05, None
                 heard = loop.time()
                 while True:
                     message = await pubsub.get_message(timeout=self._ping_s)
@@ -606,6 +617,22 @@ class RedisWakeSource:
                         "jobs.wake.lost",
                         extra={"event": "jobs.wake.lost", "error": f"{type(exc).__name__}: {exc}"},
                     )
+                self._listening[me] = False
+                gap = True
+                first.set()
+            except Exception as exc:
+                # Not an outage (an error reply such as an ACL's NOPERM, or a callback that
+                # raised): without this the task ended, the subscriber waited for ``first``
+                # forever and no worker was woken again. Logged once per distinct error, then
+                # retried on the same back-off as an outage.
+                error = f"{type(exc).__name__}: {exc}"
+                if error != refused:
+                    _log.error(
+                        "jobs.wake.error",
+                        exc_info=True,
+                        extra={"event": "jobs.wake.error", "error": error},
+                    )
+                    refused = error
                 self._listening[me] = False
                 gap = True
                 first.set()
