@@ -87,6 +87,7 @@ async def test_protocols_capabilities_and_describe(driver: RedisDriver) -> None:
         "debounce",
         "children",
         "rate",
+        "counters",
     }
     described = driver.describe()
     assert described["capabilities"] == sorted(driver.capabilities)

@@ -143,6 +143,10 @@ async def test_operator_calls_never_scan_keys(throwaway: object) -> None:
         await op.remove_many(JobFilter(queue="default"))
         await op.promote_many(JobFilter())
         await op.paused_queues()
+        since = datetime(2000, 1, 1, tzinfo=UTC)
+        await driver.counters.counters("job", since)
+        await driver.counters.totals(since)
+        await driver.counters.rollup(now=datetime.now(UTC) + timedelta(days=40))
         stats = await client.info("commandstats")
         assert not {"cmdstat_keys", "cmdstat_scan"} & set(stats)
     finally:

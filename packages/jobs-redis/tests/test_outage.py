@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from pydantic import BaseModel
 
 from conftest import Throwaway
@@ -369,3 +370,54 @@ async def test_a_stale_connection_is_retried_once_and_a_down_server_still_refuse
     with capsys.disabled():
         print(f"\nrefusal with a stale pool and the server down: {refused * 1000:.1f} ms")
     await driver.close()
+
+
+async def test_a_refused_first_subscribe_is_logged_retried_and_the_worker_still_woken(
+    throwaway: Throwaway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server refuses SUBSCRIBE with an error reply (an ACL user without channel access),
+    not an outage: the listener logs it, keeps retrying, and wakes the worker once allowed."""
+    caplog.set_level(logging.INFO, logger="jobs.redis")
+    admin = redis.Redis.from_url(throwaway.url)
+    admin.execute_command("ACL", "SETUSER", "waker", "on", ">pw", "~*", "resetchannels", "+@all")
+    driver = RedisDriver(
+        f"redis://waker:pw@127.0.0.1:{throwaway.port}/0", prefix="acl", command_timeout="2s"
+    )
+    enqueuer = RedisDriver(throwaway.url, prefix="acl")
+    registry = JobRegistry()
+    ran: list[str] = []
+    count = counting_job(registry, ran)
+    # A long idle poll: a pickup within 2 s must come from the wake.
+    worker = Worker(driver, registry=registry, poll_interval="100ms", idle_poll_max="30s")
+    running = asyncio.create_task(worker.run())
+    try:
+
+        def refused() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.getMessage() == "jobs.wake.error"]
+
+        await eventually(lambda: _true(bool(refused())), timeout=10)
+        assert "NoPermissionError" in refused()[0].error  # type: ignore[attr-defined]
+        assert not driver.wake.healthy
+        with use_driver(enqueuer):
+            await count.enqueue(Item(key="during"))
+        await eventually(lambda: _true(ran == ["during"]), timeout=10)
+        admin.execute_command("ACL", "SETUSER", "waker", "allchannels")
+        await eventually(lambda: _true(driver.wake.healthy), timeout=10)
+        # The worker's idle back-off has grown to seconds by now; the wake brings it at once.
+        await asyncio.sleep(2.5)
+        enqueued_at = time.perf_counter()
+        with use_driver(enqueuer):
+            await count.enqueue(Item(key="after"))
+        await eventually(lambda: _true(ran == ["during", "after"]), timeout=10)
+        pickup = time.perf_counter() - enqueued_at
+        assert pickup < 2.0, f"pickup took {pickup:.2f} s: the wake never came back"
+        assert not running.done()
+        assert len(refused()) == 1, "one record per distinct error, not one per retry"
+        assert refused()[0].levelno == logging.ERROR
+        assert "jobs.wake.live" in [r.getMessage() for r in caplog.records]
+    finally:
+        await asyncio.wait_for(worker.stop(), 10)
+        await asyncio.wait_for(running, 10)
+        await driver.close()
+        await enqueuer.close()
+        admin.close()

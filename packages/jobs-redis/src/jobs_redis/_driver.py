@@ -20,6 +20,8 @@ key                             holds
 ``evx``, ``evw:*``
 ``<base>ls:*``, ``lx:*``        lease slots in order, and their expiries
 ``<base>rt:<bucket>``           a rate bucket's newest grant instants (``rate_take.lua``)
+``<base>cn``, ``cz:*``,         per-job outcome counters: names, tier indexes, buckets (see
+``cb:*``                        :mod:`jobs_redis._counters`)
 ``<base>wake``                  the pub/sub channel carrying queue names
 ==============================  ==============================================================
 
@@ -44,6 +46,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -98,6 +101,7 @@ from jobs_redis._codec import (
     unopt,
 )
 from jobs_redis._connection import CLUSTER_SCHEMES, UNAVAILABLE, Client, Connection, prepare
+from jobs_redis._counters import RedisCounterStore
 from jobs_redis._introspect import RedisChildJobs, RedisIntrospector
 from jobs_redis._rate import RedisRateStore
 from jobs_redis._records import decode_steps, pairs, record_text
@@ -121,6 +125,7 @@ CARRIED: frozenset[str] = frozenset(
         "debounce",
         "children",
         "rate",
+        "counters",
     }
 )
 """The optional capabilities this driver declares."""
@@ -129,7 +134,6 @@ _NOT_CARRIED: dict[str, str] = {
     "outbox": "the transaction is the database's: stage in Postgres, relay onto Redis",
     "backfills": "no ledger: a backfill is refused with X_NOT_IMPLEMENTED; run backfills on "
     "postgresql://",
-    "counters": "no per-job counter history; stats() counts per queue",
 }
 
 _QUEUED_STATES = frozenset({JobState.READY, JobState.DELAYED, JobState.SUSPENDED})
@@ -490,8 +494,11 @@ class RedisWakeSource:
     a back-off of 50 ms doubling to 2 s, and a silent one is caught by a ``PING`` every
     ``ping_s`` seconds that must be answered within another ``ping_s``. After a reconnect every
     known queue is announced once, so work that arrived during the gap is picked up at once.
-    ``jobs.wake.lost`` (warning) and ``jobs.wake.live`` (info) are logged on the transitions, and
-    :attr:`healthy` says whether every subscription is listening now.
+    Any other error (an error reply such as an ACL's ``NOPERM``, or a callback that raised) is
+    logged as ``jobs.wake.error`` (error, with the traceback; once per distinct error) and retried
+    on the same back-off, so the subscription never ends by itself. ``jobs.wake.lost`` (warning)
+    and ``jobs.wake.live`` (info) are logged on the transitions, and :attr:`healthy` says whether
+    every subscription is listening now.
 
     Args:
         shared: the driver's connection and keys.
@@ -513,8 +520,8 @@ class RedisWakeSource:
         """Call ``callback(queue)`` on the calling task's loop whenever work may be due.
 
         Returns once the first ``SUBSCRIBE`` is confirmed, so work enqueued after this call is
-        heard; or after the first attempt failed (the server is down), so a worker starting
-        during an outage starts at once and polls while the subscription keeps dialling in the
+        heard; or after the first attempt failed (the server is down, or refused it), so a worker
+        starting then starts at once and polls while the subscription keeps trying in the
         background.
 
         Returns:
@@ -566,6 +573,8 @@ class RedisWakeSource:
         loop = asyncio.get_running_loop()
         backoff = 0.05
         gap = False
+        # The last error reply logged, so a listener refused on every retry logs it once.
+        refused: str | None = None
         while True:
             client = self._s.conn.client()
             pubsub = client.pubsub()
@@ -573,6 +582,12 @@ class RedisWakeSource:
                 async with self._s.conn.deadline():
                     await prepare(client)
                     await pubsub.subscribe(self._s.keys.wake)
+                    # redis-py sends SUBSCRIBE without reading its reply: the confirmation, or
+                    # the error reply refusing it (raised here), is the first message, and only
+                    # a confirmation makes the subscription live.
+                    confirmed = None
+                    while confirmed is None or confirmed["type"] != "subscribe":
+                        confirmed = await pubsub.get_message(timeout=None)
                     # Wakes published while we were away are lost: announce every queue once.
                     missed = await client.smembers(self._s.keys.queues) if gap else set()
                 for queue in sorted(missed):
@@ -581,7 +596,7 @@ class RedisWakeSource:
                     _log.info("jobs.wake.live", extra={"event": "jobs.wake.live"})
                 self._listening[me] = True
                 first.set()
-                gap, backoff = False, 0.05
+                gap, backoff, refused = False, 0.05, None
                 heard = loop.time()
                 while True:
                     message = await pubsub.get_message(timeout=self._ping_s)
@@ -602,6 +617,22 @@ class RedisWakeSource:
                         "jobs.wake.lost",
                         extra={"event": "jobs.wake.lost", "error": f"{type(exc).__name__}: {exc}"},
                     )
+                self._listening[me] = False
+                gap = True
+                first.set()
+            except Exception as exc:
+                # Not an outage (an error reply such as an ACL's NOPERM, or a callback that
+                # raised): without this the task ended, the subscriber waited for ``first``
+                # forever and no worker was woken again. Logged once per distinct error, then
+                # retried on the same back-off as an outage.
+                error = f"{type(exc).__name__}: {exc}"
+                if error != refused:
+                    _log.error(
+                        "jobs.wake.error",
+                        exc_info=True,
+                        extra={"event": "jobs.wake.error", "error": error},
+                    )
+                    refused = error
                 self._listening[me] = False
                 gap = True
                 first.set()
@@ -680,6 +711,7 @@ class _PendingAck:
     job_id: UUID
     fence: Fence
     result: str
+    duration: str
     answer: asyncio.Future[bool]
 
 
@@ -695,7 +727,7 @@ class _AckBatcher:
         self._pending: dict[asyncio.AbstractEventLoop, list[_PendingAck]] = {}
         self._flushers: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
 
-    async def ack(self, job_id: UUID, fence: Fence, result: str) -> bool:
+    async def ack(self, job_id: UUID, fence: Fence, result: str, duration_ms: float | None) -> bool:
         loop = asyncio.get_running_loop()
         pending = self._pending.get(loop)
         if pending is None:
@@ -703,7 +735,10 @@ class _AckBatcher:
                 del self._pending[gone]
                 self._flushers.pop(gone, None)
             pending = self._pending[loop] = []
-        mine = _PendingAck(job_id, fence, result, loop.create_future())
+        # A non-finite duration would make HINCRBYFLOAT fail halfway through the batch's script.
+        finite = duration_ms is not None and math.isfinite(duration_ms)
+        duration = repr(float(duration_ms)) if finite and duration_ms is not None else ""
+        mine = _PendingAck(job_id, fence, result, duration, loop.create_future())
         pending.append(mine)
         flusher = self._flushers.get(loop)
         if flusher is None or flusher.done():
@@ -716,7 +751,7 @@ class _AckBatcher:
             del pending[:ACK_BATCH]
             args: list[Any] = [self._s.keys.base, self._done_ttl_ms, len(batch)]
             for p in batch:
-                args += (str(p.job_id), p.fence.worker_id, str(p.fence.claim), p.result)
+                args += (str(p.job_id), p.fence.worker_id, str(p.fence.claim), p.result, p.duration)
             try:
                 landed = await self._s.run("ack", [self._s.keys.seq], args)
             except Exception as exc:
@@ -753,6 +788,8 @@ class RedisDriver:
         leader: the scheduler's leader lease (:class:`~jobs_redis._scheduler.RedisLeaderLease`).
         workers: the worker registry (:class:`~jobs_redis._scheduler.RedisWorkerRegistry`).
         rate: fleet-wide rate buckets (:class:`~jobs_redis._rate.RedisRateStore`).
+        counters: per-job outcome counters in tiers
+            (:class:`~jobs_redis._counters.RedisCounterStore`).
         done_ttl_ms: how long a ``done`` row and its steps are kept (0: forever).
 
     Args:
@@ -827,6 +864,7 @@ class RedisDriver:
         self.leader = RedisLeaderLease(self._s)
         self.workers = RedisWorkerRegistry(self._s)
         self.rate = RedisRateStore(self._s)
+        self.counters = RedisCounterStore(self._s)
 
     @classmethod
     async def connect(
@@ -970,8 +1008,9 @@ class RedisDriver:
         server's clock; paused queues yield nothing. A lapsed row whose counted attempts reach
         ``max_attempts`` is buried instead: ``dead`` with ``last_error``
         ``LEASE_LAPSED_FINAL_ATTEMPT``, or ``failed`` if its name is in ``req.drop_exhausted``; it
-        frees its key and is reported to ``req.on_exhausted``. Each handed-out row is ``running``
-        until the server's now plus ``req.visibility_timeout_ms``, its ``claim`` one higher.
+        frees its key, adds to its job's counters and is reported to ``req.on_exhausted``. Each
+        handed-out row is ``running`` until the server's now plus ``req.visibility_timeout_ms``,
+        its ``claim`` one higher.
 
         Returns:
             The claimed rows; ``attempt`` is the spent attempts plus one.
@@ -1049,10 +1088,12 @@ class RedisDriver:
     async def ack(self, job_id: UUID, by: Settle) -> bool:
         """Settle a row ``done`` with ``by.result``; fenced on ``running`` and ``by.fence``.
 
-        The attempt is counted and the row's idempotency key freed. With ``done_ttl`` the row and
-        its steps expire that long after the ack. Acks made on one event loop while an earlier
-        one is in flight go together in the next ``ack.lua`` call (up to :data:`ACK_BATCH`), so
-        a busy worker settles many rows per round trip and a lone ack waits for nothing.
+        The attempt is counted, the row's idempotency key freed, and ``done`` (with
+        ``by.duration_ms``; a non-finite one counts as 0) added to the job's current 1-minute
+        counter bucket in the same script. With ``done_ttl`` the row and its steps expire that
+        long after the ack. Acks made on one event loop while an earlier one is in flight go
+        together in the next ``ack.lua`` call (up to :data:`ACK_BATCH`), so a busy worker settles
+        many rows per round trip and a lone ack waits for nothing.
 
         Returns:
             ``True`` when settled; ``False``, changing nothing, when someone else owns the row.
@@ -1061,7 +1102,7 @@ class RedisDriver:
             DriverRequestInvalidError: ``X_DRIVER_REQUEST_INVALID`` for a result that is not JSON.
             DriverUnavailableError: ``X_DRIVER_UNAVAILABLE`` when the server cannot be reached.
         """
-        return await self._acks.ack(job_id, by.fence, encode(by.result, "result"))
+        return await self._acks.ack(job_id, by.fence, encode(by.result, "result"), by.duration_ms)
 
     async def nack(self, job_id: UUID, opts: NackOptions) -> bool:
         """Settle a row in ``nack_state(opts)``; fenced like :meth:`ack`.
@@ -1070,7 +1111,9 @@ class RedisDriver:
         which never counts. ``opts.error``, when given, becomes the row's last error. A
         ``ready``/``delayed``/``suspended`` row is due at the server's now plus ``opts.delay_ms``
         (its queue is published on the wake channel when that is now); ``dead``/``failed`` frees
-        its key and is kept whatever ``done_ttl`` says.
+        its key and is kept whatever ``done_ttl`` says. The job's current 1-minute counter bucket
+        gains ``dead``, ``failed``, or ``retried`` (a counted attempt settled ``ready``/
+        ``delayed``), in the same script.
 
         Returns:
             ``True`` when settled; ``False``, changing nothing, when someone else owns the row.

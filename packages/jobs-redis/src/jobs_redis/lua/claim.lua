@@ -5,7 +5,9 @@
 --                        <base>j:<id> (row), <base>q:<queue>:r (ready/delayed by run_at),
 --                        <base>q:<queue>:s (suspended by run_at), <base>q:<queue>:l (running by
 --                        lease expiry), <base>q:<queue>:f (finished counts),
---                        <base>x:<queue>:<state> (the listing index, moved with the state)
+--                        <base>x:<queue>:<state> (the listing index, moved with the state),
+--                        <base>cn, <base>cz:1m:<name>, <base>cb:1m:<start ms>:<name> (the
+--                        outcome counters, see counters.lua)
 -- ARGV[2]  limit         the most rows to hand out (>= 1)
 -- ARGV[3]  vt_ms         the lease each claimed row gets, in milliseconds
 -- ARGV[4]  worker        the claimant's incarnation id
@@ -24,7 +26,8 @@
 -- a priority whose set emptied leaves the list. A debounced row (field "db") frees its live key
 -- at its first claim, so the next enqueue of its key makes a new row. A lapsed row's attempt is counted; when that
 -- spends its last one it is buried ("dead" with LEASE_LAPSED_FINAL_ATTEMPT, or "failed" for names
--- in the drop list), frees its live key and does not count against the limit. Each claimed row
+-- in the drop list), frees its live key, adds "dead" or "failed" to its job's current 1-minute
+-- counter bucket and does not count against the limit. Each claimed row
 -- carries its run's steps, so the attempt that loads them next needs no round trip of its own.
 
 local base = ARGV[1]
@@ -40,6 +43,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_s = string.format('%.0f', now)
 local until_s = string.format('%.0f', now + vt * 1000)
+-- The 1-minute bucket holding now (ms, aligned on the epoch); counters.lua reads the layout.
+local minute = string.format('%.0f', math.floor(now / 60000000) * 60000)
 
 local cands = {}
 for i = 1, nq do
@@ -108,6 +113,11 @@ for _, c in ipairs(cands) do
     redis.call('HSET', jk, 'state', state, 'updated', now_s,
       'err', '=LEASE_LAPSED_FINAL_ATTEMPT', 'errc', '=X_JOB_MAX_ATTEMPTS', 'errs', '')
     redis.call('HINCRBY', qk .. ':f', state, 1)
+    redis.call('HINCRBY', base .. 'cb:1m:' .. minute .. ':' .. name, state, 1)
+    -- A name whose index already held this minute is in <base>cn already.
+    if redis.call('ZADD', base .. 'cz:1m:' .. name, minute, minute) == 1 then
+      redis.call('SADD', base .. 'cn', name)
+    end
     redis.call('ZREM', base .. 'x:' .. queue .. ':' .. was[1], xm)
     redis.call('ZADD', base .. 'x:' .. queue .. ':' .. state, 0, xm)
     local lk = redis.call('HGET', jk, 'lk')

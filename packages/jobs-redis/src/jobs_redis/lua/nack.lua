@@ -5,7 +5,8 @@
 --                        <base>q:<queue>:{r,s,l,f} (ready/delayed, suspended, running, finished
 --                        counts), <base>wake (channel), <base>fin:<state> (settled rows by
 --                        settle time, for retention.lua), <base>x:<queue>:<state> (the
---                        listing index, moved with the state)
+--                        listing index, moved with the state), <base>cn, <base>cz:1m:<name>,
+--                        <base>cb:1m:<start ms>:<name> (the outcome counters, see counters.lua)
 -- ARGV[2]  worker        the fence's worker id
 -- ARGV[3]  claim         the fence's claim ordinal
 -- ARGV[4]  state         the target: ready, delayed, suspended, failed or dead
@@ -16,12 +17,13 @@
 -- Reply:   1 when settled; 0, changing nothing, when the row is not running under the fence.
 --
 -- A queued target is due at now + delay_ms (its queue is published on <base>wake when that is
--- now); a finished one frees the live key and is counted.
+-- now); a finished one frees the live key and is counted. The job's current 1-minute counter
+-- bucket gains "failed" or "dead", or "retried" for a spent attempt settled ready or delayed.
 
 local jk = KEYS[1]
 local base = ARGV[1]
 local row = redis.call('HMGET', jk, 'state', 'by', 'claim', 'queue', 'm', 'lk', 'id',
-  'created', 'pri')
+  'created', 'pri', 'name')
 if row[1] ~= 'running' or row[2] ~= '=' .. ARGV[2] or row[3] ~= ARGV[3] then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -30,6 +32,21 @@ local state = ARGV[4]
 local qk = base .. 'q:' .. row[4]
 local m = row[5]
 if ARGV[5] == '1' and state ~= 'suspended' then redis.call('HINCRBY', jk, 'att', 1) end
+local outcome = nil
+if state == 'failed' or state == 'dead' then
+  outcome = state
+elseif ARGV[5] == '1' and state ~= 'suspended' then
+  outcome = 'retried'
+end
+if outcome then
+  -- The 1-minute bucket holding now (ms, aligned on the epoch); counters.lua reads the layout.
+  local minute = string.format('%.0f', math.floor(now / 60000000) * 60000)
+  redis.call('HINCRBY', base .. 'cb:1m:' .. minute .. ':' .. row[10], outcome, 1)
+  -- A name whose index already held this minute is in <base>cn already.
+  if redis.call('ZADD', base .. 'cz:1m:' .. row[10], minute, minute) == 1 then
+    redis.call('SADD', base .. 'cn', row[10])
+  end
+end
 if ARGV[7] == '1' then
   redis.call('HSET', jk, 'err', ARGV[8], 'errc', ARGV[9], 'errs', ARGV[10])
 end
