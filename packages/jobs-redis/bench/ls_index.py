@@ -18,25 +18,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import socket
 import statistics
-import subprocess
-import tempfile
 import time
 from uuid import uuid4
 
 import redis
+from private_server import start_server
 
 from jobs_core.types import ClaimRequest, EnqueueRequest, JobFilter, JobState
 from jobs_redis import RedisDriver
 
 BATCH = 1_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _request(queue: str, i: int) -> EnqueueRequest:
@@ -83,29 +75,9 @@ def _ms(samples: list[float]) -> str:
     return f"p50 {statistics.median(samples) * 1000:.2f} ms, p95 {p95 * 1000:.2f} ms"
 
 
-def _start_server() -> tuple[subprocess.Popen[bytes], str, str]:
-    """Start a private redis-server without persistence; answer it, its dir and its URL."""
-    binary = shutil.which("redis-server")
-    assert binary is not None, "redis-server is not installed"
-    port = _free_port()
-    workdir = tempfile.mkdtemp(prefix="jobs-redis-bench-")
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    server = subprocess.Popen(
-        [*argv, "--appendonly", "no", "--dir", workdir], stdout=subprocess.DEVNULL
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    for _ in range(200):
-        try:
-            redis.Redis.from_url(url).ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.02)
-    return server, workdir, url
-
-
 async def main(rows: int, others: int, limit: int, repeats: int) -> None:
     """Fill a private server, time the listing, and print the figures."""
-    server, workdir, url = _start_server()
+    server, workdir, url = start_server()
     try:
         driver = await RedisDriver.connect(url, prefix="bench", command_timeout="60s")
         started = time.perf_counter()
