@@ -344,8 +344,8 @@ def bench(session: nox.Session) -> None:
     figures instead (bench/webhooks.py), ``--import-export`` the import/export ones
     (bench/import_export.py), ``--dashboard`` the dashboard's (bench/dashboard.py),
     ``--timers`` the lateness of delayed jobs (bench/timers.py), ``--soak MINUTES`` enqueue and
-    processing at once with the retention sweep (bench/soak.py; autovacuum on: point
-    ``BENCH_PG_PORT`` at a server of its own when the shared one has it off).
+    processing at once with the retention sweep (bench/soak.py; ``--private-server`` runs it on
+    a fresh server at PostgreSQL's defaults, autovacuum on, which the shared one has off).
     """
     from pathlib import Path
 

@@ -12,7 +12,7 @@ Examples:
     python -m bench --dashboard                  # the dashboard's jobs list over 1M pg rows
     python -m bench --backfill --quick           # a killed pass, the throttle (bench/backfill.py)
     python -m bench --timers [--quick]           # lateness of 200 delayed jobs (bench/timers.py)
-    python -m bench --soak 30 [--rate 1500]      # enqueue + drain + retention for 30 min (soak.py)
+    python -m bench --soak 30 --private-server   # enqueue + drain + retention for 30 min (soak.py)
     python -m bench --migrate-online [--reuse]   # enqueue latency during an online migration
     python -m bench --retained [--quick]         # claim throughput with 10M settled rows kept
     python -m bench --cluster [--quick]          # 3-master Redis Cluster vs one Redis (cluster.py)

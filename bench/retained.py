@@ -2,7 +2,8 @@
 
 A deployment keeping a day of done rows at 1,000 jobs/s holds 86M of them beside its live ones.
 This measures what they cost the hot path, in one run over a database of its own
-(``bench_retained``, the server's autovacuum plus what the migrations set):
+(``bench_retained``, the server's autovacuum plus what the migrations set; ``--private-server
+--pg-setting shared_buffers=4GB`` runs it on a fresh server of its own, :mod:`bench.private_pg`):
 
 1. ``empty``: ``--jobs`` no-op jobs are enqueued (``enqueue_many``) and one in-process
    :class:`~jobs_core.worker.Worker` at its defaults drains them; the figure is jobs/s from the
@@ -29,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from bench.common import drop_database, fresh_database
+from bench.private_pg import add_arguments, server_for
 
 DATABASE = "bench_retained"
 QUEUE = "retained"
@@ -123,6 +125,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=3, help="drains per table state")
     parser.add_argument("--quick", action="store_true", help="1,000,000 retained, 5,000 jobs")
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -131,6 +134,11 @@ def main(argv: list[str]) -> int:
     args = _parse(argv)
     if args.quick:
         args.rows, args.jobs = 1_000_000, 5_000
+    with server_for(args):
+        return _measure(args)
+
+
+def _measure(args: argparse.Namespace) -> int:
     url = fresh_database(DATABASE)
 
     async def migrate() -> None:

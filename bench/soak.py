@@ -1,7 +1,9 @@
 """The soak: enqueue and processing at once for a long time (``python -m bench --soak MINUTES``).
 
 Three processes over a Postgres database of its own (``bench_i23_soak`` on the bench server,
-autovacuum as the server has it plus what the migrations set):
+autovacuum as the server has it plus what the migrations set; ``--private-server`` starts a fresh
+server at PostgreSQL's default settings for the run, :mod:`bench.private_pg`, since this
+machine's shared server has autovacuum off):
 
 * the enqueuer: 8 concurrent callers, each one ``await enqueue`` at a time, paced together to
   ``--rate`` jobs/s (default 1,500); it prints how many it enqueued each minute;
@@ -37,6 +39,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from bench.common import ROOT, drop_database, fresh_database, percentile, rss_kib
+from bench.private_pg import add_arguments, server_for
 
 DATABASE = "bench_i23_soak"
 QUEUE = "soak"
@@ -209,7 +212,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("minutes", type=float)
     parser.add_argument("--rate", type=float, default=1_500.0, help="jobs/s offered")
     parser.add_argument("--retention", type=float, default=300.0, help="done retention, s")
+    add_arguments(parser)
     args = parser.parse_args(argv)
+    with server_for(args):
+        return _soak(args)
+
+
+def _soak(args: argparse.Namespace) -> int:
     import psycopg
 
     url = fresh_database(DATABASE)
@@ -225,7 +234,8 @@ def main(argv: list[str]) -> int:
     asyncio.run(migrate())
     print(
         f"soak: {args.minutes:g} min, {args.rate:,.0f} jobs/s offered by {CALLERS} callers, "
-        f"done retention {args.retention:.0f} s, autovacuum {autovacuum[0] if autovacuum else '?'}",
+        f"done retention {args.retention:.0f} s, "
+        f"autovacuum {autovacuum[0] if autovacuum else '?'}, server {url.rsplit('/', 1)[0]}",
         flush=True,
     )
     worker = _spawn("worker", url)

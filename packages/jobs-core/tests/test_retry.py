@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs_core.retry import Retry, retry_schedule
+from jobs_core.retry import RETRY_AFTER_SPREAD, Retry, retry_schedule
 
 PROPERTY_SETTINGS = settings(max_examples=300, deadline=None)
 
@@ -169,12 +169,41 @@ def test_seeded_rng_is_reproducible() -> None:
     assert len(set(other)) > 1
 
 
-def test_retry_after_is_clamped_by_max_delay_and_jittered() -> None:
+def test_retry_after_is_clamped_by_max_delay_and_jittered_into_its_last_quarter() -> None:
     policy = Retry(max_delay="10s")
     rng = random.Random(1)
-    outs = [policy.jittered(60_000, rng) for _ in range(200)]
-    assert all(5_000 <= o <= 10_000 for o in outs)
+    outs = [policy.after_ms(60_000, rng) for _ in range(200)]
+    assert all(7_500 <= o <= 10_000 for o in outs)
     assert len(set(outs)) > 1
+
+
+def test_a_retry_after_under_the_cap_never_comes_sooner_than_named() -> None:
+    """A dependency that said "retry in 30 s" is called back at 30 to 37.5 s, never sooner.
+
+    Equal jitter (the backoff's) would call it back from 15 s on: refused again, an attempt
+    spent.
+    """
+    policy = Retry(max_delay="5m")
+    rng = random.Random(7)
+    outs = [policy.after_ms(30_000, rng) for _ in range(500)]
+    assert min(outs) >= 30_000
+    assert max(outs) <= 30_000 + 30_000 * RETRY_AFTER_SPREAD
+    assert len(set(outs)) > 100
+    assert Retry(jitter=False).after_ms(30_000) == 30_000
+    assert Retry(max_delay="10s", jitter=False).after_ms(60_000) == 10_000
+
+
+@given(named=st.integers(0, 10**9), cap=st.integers(1, 10**8), seed=st.integers())
+def test_a_retry_after_delay_is_never_sooner_than_named_below_the_cap(
+    named: int, cap: int, seed: int
+) -> None:
+    policy = Retry(max_delay=cap)
+    delay = policy.after_ms(named, random.Random(seed))
+    if named < cap:
+        assert named <= delay <= min(cap, named + named * RETRY_AFTER_SPREAD)
+    else:
+        assert cap - cap * RETRY_AFTER_SPREAD <= delay <= cap
+    assert Retry(max_delay=cap, jitter=False).after_ms(named) == min(named, cap)
 
 
 @pytest.mark.parametrize(

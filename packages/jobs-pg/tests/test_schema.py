@@ -239,6 +239,40 @@ async def test_every_statement_plans_against_the_migrated_schema(
             await conn.execute("DEALLOCATE probe")
 
 
+QUICK_COMMITS: dict[str, dict[str, Any]] = {
+    "claim": {
+        "queues": ["quick"],
+        "limit": 1,
+        "lease_ms": 1_000,
+        "worker": "w",
+        "drop": [],
+        "reason": "",
+        "now": None,
+    },
+    "rate_take": {"key": "rate:quick", "limit": 1, "per_ms": 1_000, "now_ms": None, "now": None},
+}
+"""The blocks whose transaction commits without waiting for its WAL flush, with parameters."""
+
+
+@pytest.mark.parametrize("name", sorted(QUICK_COMMITS))
+async def test_the_claim_and_the_rate_take_commit_without_waiting_for_a_flush(
+    pg_url: str, migrated: str, name: str
+) -> None:
+    """Each turns ``synchronous_commit`` off for its own transaction, and only for it.
+
+    A planner that dropped the ``set_config`` (it once did for the rate take, whose takers then
+    waited 80-180 ms for a flush each on a busy server) would leave the setting on.
+    """
+    statement = Statements(migrated)[name]
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        await conn.execute(statement, QUICK_COMMITS[name])
+        cur = await conn.execute("SHOW synchronous_commit")
+        assert await cur.fetchone() == ("off",)
+        await conn.rollback()
+        cur = await conn.execute("SHOW synchronous_commit")
+        assert await cur.fetchone() == ("on",), "the setting outlived the transaction"
+
+
 def _jobs(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "jobs_core.cli", "pg", *args],

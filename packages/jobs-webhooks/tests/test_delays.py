@@ -1,15 +1,11 @@
-"""Retry-After parsing and the throttled delay (pure logic: properties over every input)."""
+"""Retry-After parsing (pure logic)."""
 
 from __future__ import annotations
 
 import email.utils
-import random
 from datetime import UTC, datetime, timedelta
 
-from hypothesis import given
-from hypothesis import strategies as st
-
-from jobs_webhooks._delays import THROTTLE_SPREAD, retry_after_seconds, throttle_delay_ms
+from jobs_webhooks._delays import retry_after_seconds
 
 NOW = datetime(2031, 5, 1, 12, 0, tzinfo=UTC)
 
@@ -31,15 +27,3 @@ def test_delta_seconds_and_dates() -> None:
     assert retry_after_seconds(http_date(NOW + timedelta(seconds=9)), None, NOW) == 9
     assert retry_after_seconds(http_date(NOW + timedelta(seconds=9)), "junk", NOW) == 9
     assert retry_after_seconds(http_date(NOW - timedelta(days=1)), None, NOW) == 0
-
-
-@given(asked=st.integers(0, 10**9), cap=st.integers(1, 10**8), seed=st.integers())
-def test_a_throttled_delay_is_never_sooner_than_asked_below_the_cap(
-    asked: int, cap: int, seed: int
-) -> None:
-    delay = throttle_delay_ms(asked, cap, jitter=True, rng=random.Random(seed))
-    if asked < cap:
-        assert asked <= delay <= min(cap, asked + asked * THROTTLE_SPREAD)
-    else:
-        assert cap - cap * THROTTLE_SPREAD <= delay <= cap
-    assert throttle_delay_ms(asked, cap, jitter=False, rng=random.Random(seed)) == min(asked, cap)

@@ -700,7 +700,7 @@ async def _fail(
     job = attempt.job
     if kind != "terminal" and job.attempt < min(retry.attempts, job.max_attempts):
         if retry_after_ms is not None:
-            delay = retry.jittered(retry_after_ms)
+            delay = retry.after_ms(retry_after_ms)
         else:
             delay = retry.delay_after_ms(job.attempt)
         return await _settle(

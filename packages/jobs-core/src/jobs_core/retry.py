@@ -8,6 +8,7 @@ dependency that is still recovering.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Literal
@@ -15,6 +16,9 @@ from typing import Literal
 from jobs_core._durations import Duration, duration_problem, parse_duration
 
 Backoff = Literal["exponential", "linear", "fixed"]
+
+RETRY_AFTER_SPREAD = 0.25
+"""How much later than the time a dependency named a ``retry_after`` retry may come (a fraction)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,27 @@ class Retry:
         # Round the fixed half up so an odd (or 1 ms) delay never lands below nominal/2.
         half = capped - capped // 2
         return half + (rng or random).randint(0, capped - half)
+
+    def after_ms(self, named_ms: int, rng: random.Random | None = None) -> int:
+        """Answer the delay (ms) of a retry at a time a dependency named (``Retry-After``).
+
+        Never sooner than ``named_ms`` while that is under ``max_delay``: a retry before the
+        time named (RFC 9110 §10.2.3) is refused again and spends an attempt. With ``jitter``
+        up to :data:`RETRY_AFTER_SPREAD` of it more is added, so rows throttled together do not
+        return in one wave. A named wait at or past ``max_delay`` is clamped to it (the one way
+        a retry comes sooner than named: raise ``max_delay`` to honour longer waits), jittered
+        into the cap's last quarter.
+        """
+        cap = self.max_delay_ms
+        named = max(named_ms, 0)
+        if named >= cap:
+            low = cap - math.floor(cap * RETRY_AFTER_SPREAD) if self.jitter else cap
+            return (rng or random).randint(low, cap)
+        if not self.jitter:
+            return named
+        return (rng or random).randint(
+            named, min(cap, named + math.floor(named * RETRY_AFTER_SPREAD))
+        )
 
 
 def retry_schedule(policy: Retry) -> list[int]:

@@ -1,16 +1,14 @@
-"""How long a throttled delivery waits: ``Retry-After`` read both ways, clamped, jittered up.
+"""How long a throttled delivery was asked to wait: ``Retry-After`` read both ways.
 
-A receiver that answers 429 or 503 with ``Retry-After`` is called back no sooner than it asked:
-the jitter spreads retries *after* the asked instant (up to :data:`THROTTLE_SPREAD` of it), so
-deliveries throttled together do not return in one wave, and none comes early. An HTTP-date is
-read against the response's own ``Date``: the receiver's clock, not ours, says when "later" is.
+A receiver that answers 429 or 503 with ``Retry-After`` is called back no sooner than it asked
+(:meth:`jobs_core.Retry.after_ms` turns the ask into the delay, jittered later, never sooner).
+An HTTP-date is read against the response's own ``Date``: the receiver's clock, not ours, says
+when "later" is.
 """
 
 from __future__ import annotations
 
 import email.utils
-import math
-import random
 from datetime import UTC, datetime
 
 THROTTLE_SPREAD = 0.25
@@ -51,17 +49,3 @@ def _http_date(text: str | None) -> datetime | None:
         return None
     # HTTP-dates are GMT; one written without a zone parses as naive.
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
-
-
-def throttle_delay_ms(asked_ms: int, max_ms: int, *, jitter: bool, rng: random.Random) -> int:
-    """Answer the delay before a throttled attempt's retry (ms).
-
-    Never sooner than asked while that is under ``max_ms``: up to :data:`THROTTLE_SPREAD` more,
-    jittered, so throttled deliveries do not come back in one wave. An ask at or past
-    ``max_ms`` is clamped to it, jittered into its last quarter.
-    """
-    if asked_ms >= max_ms:
-        low = max_ms - math.floor(max_ms * THROTTLE_SPREAD) if jitter else max_ms
-        return rng.randint(low, max_ms)
-    high = min(max_ms, asked_ms + math.floor(asked_ms * THROTTLE_SPREAD)) if jitter else asked_ms
-    return rng.randint(asked_ms, high)

@@ -6,12 +6,11 @@ asks the ledger whether the endpoint is disabled, resolves and checks its host
 redirects, reads at most ``max_response_bytes`` of the answer, and writes the attempt to the
 ledger before it returns or raises.
 
-Delays are chosen here, not by the core's jitter. The core jitters a ``retry_after`` delay down
-(equal jitter, into ``[d/2, d]``), which would call an endpoint back before the ``Retry-After`` it
-asked for. So the job is declared to the core with ``jitter=False`` and every failure carries its
-delay in ``meta["retry_after_seconds"]``: a throttled attempt waits at least what was asked (up to
-a quarter more, clamped by ``max_delay``), another failure waits the policy's own jittered
-backoff.
+Delays are chosen here, where the ledger records them, not again by the core: the job is
+declared to the core with ``jitter=False`` and every failure carries its delay in
+``meta["retry_after_seconds"]``, which the core then keeps as it is. A throttled attempt waits at
+least what was asked (:meth:`jobs_core.Retry.after_ms`: up to a quarter more, clamped by
+``max_delay``); another failure waits the policy's own jittered backoff.
 
 The drain never aborts a POST on the wire (the receiver may be processing it; an abort would only
 make the retry a duplicate) but stops one not yet sent. Any other cancel of ours (the job's
@@ -54,7 +53,7 @@ from jobs_core.errors import (
 )
 from jobs_core.job import JobHandle, JobRegistry, declaration_site
 from jobs_core.types import EnqueueResult, JSONValue
-from jobs_webhooks._delays import retry_after_seconds, throttle_delay_ms
+from jobs_webhooks._delays import retry_after_seconds
 from jobs_webhooks._endpoint import Endpoint, WebhookEvent, body_bytes, shown_url, target
 from jobs_webhooks._ledger import DeliveryAttempt, Outcome, WebhookLedger, excerpt
 from jobs_webhooks._signing import sign_standard_webhook
@@ -309,9 +308,7 @@ class Delivery:
                 else str(status)
             )
             raise await row.failed(status, sent.head, answered=what)
-        delay_ms = throttle_delay_ms(
-            math.ceil(asked * 1000), self.retry.max_delay_ms, jitter=self.retry.jitter, rng=self.rng
-        )
+        delay_ms = self.retry.after_ms(math.ceil(asked * 1000), self.rng)
         await row.write(
             "throttled",
             status=status,

@@ -186,6 +186,13 @@ WHERE NOT EXISTS (SELECT 1 FROM up)
 -- attempt); a lapsed row at its final attempt that comes before the cut is buried, dead or (for
 -- names in `drop`) failed, and counted. Rows locked but not handed out are released when the
 -- statement ends. Each row says whether its run has step records yet.
+-- The claim commits without waiting for its WAL flush (`synchronous_commit` off for this
+-- statement's transaction only): an idle worker's pickup waited for that flush at every claim. A
+-- lease is safe to lose: a server crash forgets at most the last fraction of a second of claims,
+-- whose rows are then claimed again (at least once, as after a lapsed lease), and their workers'
+-- settles miss the fence. Anything durable a claimed attempt writes (a step, its ack) flushes the
+-- WAL up to itself, the claim's commit record included. The setting is a one-time filter of the
+-- outermost query, the one node that always runs (in a CTE, a join over an empty table skipped it).
 WITH served AS (
     SELECT DISTINCT u.name FROM unnest(%(queues)s::text[]) AS u(name)
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues p WHERE p.queue = u.name)
@@ -263,6 +270,7 @@ SELECT settled.*,
        -- without any (most first attempts) is answered without that query.
        EXISTS (SELECT 1 FROM {schema}.job_steps s WHERE s.run_id = settled.run_id)
 FROM (SELECT * FROM claimed UNION ALL SELECT * FROM buried) AS settled
+WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
 ORDER BY settled.priority, settled.run_at, settled.seq
 
 -- name: ack
