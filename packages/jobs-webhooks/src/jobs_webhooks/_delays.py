@@ -11,9 +11,6 @@ from __future__ import annotations
 import email.utils
 from datetime import UTC, datetime
 
-THROTTLE_SPREAD = 0.25
-"""How much later than its ``Retry-After`` a throttled attempt may come, as a fraction of it."""
-
 
 def retry_after_seconds(value: str | None, date: str | None, received: datetime) -> float | None:
     """Answer the wait a ``Retry-After`` header asks for, in seconds, or ``None``.
