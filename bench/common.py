@@ -72,6 +72,38 @@ def drop_database(name: str) -> None:
     pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+_POLL_CONNECTIONS: dict[str, Any] = {}
+
+
+def pg_count(url: str, sql: str, params: Sequence[Any] = ()) -> int:
+    """Answer the integer ``sql`` selects, on one autocommit connection per ``url`` kept open.
+
+    The orchestrator's count polls run every 10 ms while a worker drains: a connection each
+    would start a server backend each (a fork and its start-up, on the cores the systems being
+    measured run on). :func:`close_pg_counts` closes them, which also flushes their statistics
+    before :func:`pg_commits` reads the database's count.
+    """
+    import psycopg
+
+    conn = _POLL_CONNECTIONS.get(url)
+    if conn is not None:
+        try:
+            row = conn.execute(sql, params).fetchone()
+        except psycopg.OperationalError:  # the database was dropped and made again since
+            conn.close()
+        else:
+            return int(row[0]) if row and row[0] is not None else 0
+    conn = _POLL_CONNECTIONS[url] = psycopg.connect(url, autocommit=True)
+    row = conn.execute(sql, params).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def close_pg_counts() -> None:
+    """Close every connection :func:`pg_count` keeps open."""
+    while _POLL_CONNECTIONS:
+        _POLL_CONNECTIONS.popitem()[1].close()
+
+
 def pg_commits(database: str) -> int:
     """Answer the transactions ``database`` has committed (``pg_stat_database.xact_commit``).
 
@@ -80,6 +112,7 @@ def pg_commits(database: str) -> int:
     """
     import psycopg
 
+    close_pg_counts()
     time.sleep(0.3)  # let exiting backends flush their statistics
     with psycopg.connect(pg_url("postgres"), autocommit=True) as conn:
         row = conn.execute(

@@ -6,7 +6,8 @@ server at PostgreSQL's default settings for the run, :mod:`bench.private_pg`, si
 machine's shared server has autovacuum off):
 
 * the enqueuer: 8 concurrent callers, each one ``await enqueue`` at a time, paced together to
-  ``--rate`` jobs/s (default 1,500); it prints how many it enqueued each minute;
+  ``--rate`` jobs/s (default 1,500); it prints how many it enqueued and how long each call took
+  (the pickup latency includes that call: it is timed from just before it);
 * the worker: one :class:`~jobs_core.worker.Worker` at its defaults (64 slots), no-op bodies whose
   first line takes the wall clock; it prints each minute's pickup latency (body start minus the
   instant taken just before the enqueue call) p50 and p95;
@@ -104,6 +105,7 @@ async def _enqueuer(url: str, rate: float) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     count = 0
+    calls: list[float] = []
     start = time.monotonic()
     interval = CALLERS / rate
 
@@ -114,7 +116,9 @@ async def _enqueuer(url: str, rate: float) -> None:
             wait = due - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
-            await tick.enqueue(Tick(k=uuid.uuid4().hex, t=time.time_ns()))
+            sent = time.time_ns()
+            await tick.enqueue(Tick(k=uuid.uuid4().hex, t=sent))
+            calls.append((time.time_ns() - sent) / 1e6)
             count += 1
             due += interval
 
@@ -122,7 +126,9 @@ async def _enqueuer(url: str, rate: float) -> None:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), REPORT_S)
-            print(json.dumps({"enqueued": count}), flush=True)
+            taken, calls[:] = list(calls), []
+            line = {"enqueued": count, "calls": [round(ms, 2) for ms in taken]}
+            print(json.dumps(line), flush=True)
 
     with use_driver(driver):
         callers = [asyncio.create_task(caller(n)) for n in range(CALLERS)]
@@ -206,6 +212,16 @@ async def _sweep(url: str, retention_s: float, stop: threading.Event) -> int:
     return purged
 
 
+def _ms(row: dict[str, Any], figure: str) -> str:
+    """Answer ``p50 X ms p95 Y ms`` for ``figure`` of a minute's row (``-`` for none)."""
+    p50, p95 = (row[f"{figure}_{p}_ms"] for p in ("p50", "p95"))
+    return f"p50 {_or_dash(p50)} ms p95 {_or_dash(p95)} ms"
+
+
+def _or_dash(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def main(argv: list[str]) -> int:
     """Run the soak for the minutes in ``argv``; print a line a minute and a JSON summary."""
     parser = argparse.ArgumentParser(prog="python -m bench --soak")
@@ -256,6 +272,7 @@ def _soak(args: argparse.Namespace) -> int:
             picked = [ms for line in worker_lines.take() for ms in line["pickups"]]
             enq = enqueuer_lines.take()
             total = enq[-1]["enqueued"] if enq else enqueued_before
+            calls = [ms for line in enq for ms in line["calls"]]
             tables = _tables(url)
             row = {
                 "minute": minute,
@@ -263,6 +280,8 @@ def _soak(args: argparse.Namespace) -> int:
                 "processed_per_s": len(picked) / 60,
                 "pickup_p50_ms": percentile(picked, 50) if picked else None,
                 "pickup_p95_ms": percentile(picked, 95) if picked else None,
+                "enqueue_call_p50_ms": percentile(calls, 50) if calls else None,
+                "enqueue_call_p95_ms": percentile(calls, 95) if calls else None,
                 "backlog": tables["states"].get("ready", 0) + tables["states"].get("delayed", 0),
                 "jobs_mb": tables.get("jobs", {}).get("bytes", 0) / 2**20,
                 "steps_mb": tables.get("job_steps", {}).get("bytes", 0) / 2**20,
@@ -274,12 +293,10 @@ def _soak(args: argparse.Namespace) -> int:
             }
             minutes.append(row)
             enqueued_before = total
-            p50, p95 = row["pickup_p50_ms"], row["pickup_p95_ms"]
             print(
                 f"min {minute:>3}: enqueue {row['enqueued_per_s']:7,.0f}/s  process "
-                f"{row['processed_per_s']:7,.0f}/s  pickup p50 "
-                f"{'-' if p50 is None else f'{p50:.1f}'} ms p95 "
-                f"{'-' if p95 is None else f'{p95:.1f}'} ms  backlog {row['backlog']:,}  "
+                f"{row['processed_per_s']:7,.0f}/s  pickup {_ms(row, 'pickup')}  "
+                f"(enqueue call {_ms(row, 'enqueue_call')})  backlog {row['backlog']:,}  "
                 f"jobs+steps {row['jobs_mb'] + row['steps_mb']:.1f} MB (jobs "
                 f"{row['jobs_mb']:.1f}, steps {row['steps_mb']:.1f})  dead tuples "
                 f"{row['jobs_dead']:,}/{row['steps_dead']:,}  done rows {row['done_rows']:,}  "

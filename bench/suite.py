@@ -21,6 +21,7 @@ from bench.common import (
     fresh_database,
     median,
     pg_commits,
+    pg_count,
     run_child,
 )
 
@@ -203,17 +204,26 @@ def ours_cli_defaults(driver: str, sizes: Sizes) -> dict[str, Any]:
         fill=lambda: run_child("ours-fill", {"url": url, "which": "noop", "n": n}),
         worker_argv=[sys.executable, "-m", "jobs_core", "worker", "bench.ours", "--driver", url],
         count=lambda: _done_rows(url),
+        gate=lambda: _drained(url),
         n=n,
         pg_database=OURS_DB,
     )
 
 
-def _done_rows(url: str) -> int:
-    import psycopg
+def _drained(url: str) -> bool:
+    """Answer whether no row waits or runs: two probes of the live-row partial indexes."""
+    return bool(
+        pg_count(
+            url,
+            "SELECT (NOT EXISTS (SELECT 1 FROM jobs.jobs"
+            " WHERE state IN ('ready', 'delayed', 'suspended'))"
+            " AND NOT EXISTS (SELECT 1 FROM jobs.jobs WHERE state = 'running'))::int",
+        )
+    )
 
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM jobs.jobs WHERE state = 'done'").fetchone()
-    return int(row[0]) if row else 0
+
+def _done_rows(url: str) -> int:
+    return pg_count(url, "SELECT count(*) FROM jobs.jobs WHERE state = 'done'")
 
 
 def ours_log_cost(driver: str, sizes: Sizes, concurrency: int) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from typing import Any
 from bench.common import (
     POLLS,
     Background,
+    close_pg_counts,
     mark_file,
     percentile,
     pg_commits,
@@ -154,6 +155,7 @@ def processing(
         raise AssertionError(f"{exc}\n{worker.stderr_tail()}") from None
     finally:
         worker.terminate()
+        close_pg_counts()
         mark.unlink(missing_ok=True)
     if done != n:
         raise AssertionError(f"counted {done} completed jobs, expected {n}")
@@ -199,6 +201,7 @@ def pickup(
         raise AssertionError(f"{exc}\n{worker.stderr_tail()}") from None
     finally:
         worker.terminate()
+        close_pg_counts()
         latencies.unlink(missing_ok=True)
     if done != n + 1 or len(ms) != n:
         raise AssertionError(f"counted {done} done and {len(ms)} latencies, expected {n + 1}/{n}")

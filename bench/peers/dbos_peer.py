@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from bench.common import drop_database, fresh_database, pg_url
+from bench.common import drop_database, fresh_database, pg_count, pg_url
 from bench.peers import body_latency, body_started, child, paced, pickup, processing, timed
 
 NAME = "dbos"
@@ -107,14 +107,11 @@ async def probes(n: int) -> dict[str, Any]:
 
 
 def _count(workflow: str, status: str = "SUCCESS") -> int:
-    import psycopg
-
-    with psycopg.connect(pg_url(DATABASE), autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM dbos.workflow_status WHERE status = %s AND name = %s",
-            (status, workflow),
-        ).fetchone()
-    return int(row[0]) if row else 0
+    return pg_count(
+        pg_url(DATABASE),
+        "SELECT count(*) FROM dbos.workflow_status WHERE status = %s AND name = %s",
+        (status, workflow),
+    )
 
 
 def _prepare() -> None:

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from bench.common import drop_database, fresh_database, pg_url
+from bench.common import drop_database, fresh_database, pg_count, pg_url
 from bench.peers import body_latency, body_started, child, paced, pickup, processing, timed
 
 NAME = "pgqueuer"
@@ -132,14 +132,16 @@ async def probes(n: int) -> dict[str, Any]:
 
 
 def _count(entrypoint: str) -> int:
-    import psycopg
+    return pg_count(
+        pg_url(DATABASE),
+        "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful' AND entrypoint = %s",
+        (entrypoint,),
+    )
 
-    with psycopg.connect(pg_url(DATABASE), autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful' AND entrypoint = %s",
-            (entrypoint,),
-        ).fetchone()
-    return int(row[0]) if row else 0
+
+def _drained() -> bool:
+    """Answer whether the queue table is empty (a finished job's row moves to the log)."""
+    return bool(pg_count(pg_url(DATABASE), "SELECT (NOT EXISTS (SELECT 1 FROM pgqueuer))::int"))
 
 
 def _worker_argv(*, quiet: bool = True) -> list[str]:
@@ -153,6 +155,7 @@ def _processing(sizes: Any) -> dict[str, Any]:
         fill=lambda: child(NAME, "fill", n=sizes.processing),
         worker_argv=_worker_argv(),
         count=lambda: _count("noop"),
+        gate=_drained,
         n=sizes.processing,
         pg_database=DATABASE,
     )
@@ -165,6 +168,7 @@ def _cli_defaults(sizes: Any) -> dict[str, Any]:
         fill=lambda: child(NAME, "fill", n=sizes.processing),
         worker_argv=_worker_argv(quiet=False),
         count=lambda: _count("noop"),
+        gate=_drained,
         n=sizes.processing,
         pg_database=DATABASE,
     )

@@ -16,7 +16,7 @@ from typing import Any
 
 import procrastinate
 
-from bench.common import child_env, drop_database, fresh_database, pg_url
+from bench.common import child_env, drop_database, fresh_database, pg_count, pg_url
 from bench.peers import body_latency, body_started, child, paced, pickup, processing, timed
 
 NAME = "procrastinate"
@@ -111,14 +111,11 @@ async def probes(n: int) -> dict[str, Any]:
 
 
 def _count(task: str) -> int:
-    import psycopg
-
-    with psycopg.connect(pg_url(DATABASE), autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded' AND task_name = %s",
-            (task,),
-        ).fetchone()
-    return int(row[0]) if row else 0
+    return pg_count(
+        pg_url(DATABASE),
+        "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded' AND task_name = %s",
+        (task,),
+    )
 
 
 def _worker_argv() -> list[str]:

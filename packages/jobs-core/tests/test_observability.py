@@ -332,6 +332,21 @@ async def test_no_current_span_stamps_nothing_and_a_failure_marks_the_span(
     assert span.status.status_code is trace.StatusCode.ERROR
 
 
+def _script_lines(script: str, count: int) -> list[str]:
+    """Run ``script`` in a fresh interpreter (no ``OTEL_*`` variables); answer its first lines."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("\n")[:count]
+
+
 ABSENT = """
 import asyncio, importlib.abc, sys
 
@@ -370,17 +385,7 @@ asyncio.run(main())
 
 
 def test_without_opentelemetry_the_tracing_paths_are_inert() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(ABSENT)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:2] == ["False None None done", "False"]
+    assert _script_lines(ABSENT, 2) == ["False None None done", "False"]
 
 
 API_ONLY = """
@@ -427,21 +432,54 @@ asyncio.run(main())
 def test_with_the_api_but_no_sdk_a_row_traceparent_still_reaches_the_body() -> None:
     # No span records without an SDK, but the row's trace context must still be current in the
     # body so its enqueues join that trace; a row without one has none to pass on.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(API_ONLY)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:3] == [
+    assert _script_lines(API_ONLY, 3) == [
         "ProxyTracerProvider",
         "True 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
         "None None",
     ]
+
+
+SDK_LATER = """
+import asyncio
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic import BaseModel
+from jobs_core import job, use_driver
+from jobs_core.drivers.memory import MemoryDriver
+from jobs_core.testing import run_jobs
+
+class Item(BaseModel):
+    key: str
+
+@job(input=Item, idempotency_key=lambda i: i.key, tenant="none", name="plain")
+async def plain(input, step, ctx):
+    pass
+
+async def main():
+    driver = MemoryDriver()
+    exporter = InMemorySpanExporter()
+    with use_driver(driver):
+        await plain.enqueue(Item(key="before"))
+        await run_jobs(driver)
+        print(len(exporter.get_finished_spans()))
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        await plain.enqueue(Item(key="after"))
+        await run_jobs(driver)
+    print([span.name for span in exporter.get_finished_spans()])
+
+asyncio.run(main())
+"""
+
+
+def test_an_sdk_installed_after_jobs_ran_gets_the_spans_of_the_next_ones() -> None:
+    # Without an SDK a row without a traceparent opens no span (the check reads the API's
+    # installed-provider global, not the environment, at each attempt); the first attempt after
+    # the process installs one does.
+    assert _script_lines(SDK_LATER, 2) == ["0", "['job plain']"]
 
 
 # --- logs ------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql as pg_sql
 from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
 
 from jobs_core.errors import DriverRequestInvalidError
@@ -271,6 +272,60 @@ async def test_the_claim_and_the_rate_take_commit_without_waiting_for_a_flush(
         await conn.rollback()
         cur = await conn.execute("SHOW synchronous_commit")
         assert await cur.fetchone() == ("on",), "the setting outlived the transaction"
+
+
+async def _buffers(conn: psycopg.AsyncConnection[Any], query: str) -> int:
+    """Answer the shared buffers ``EXPLAIN (ANALYZE, BUFFERS)`` of ``query`` reports on top."""
+    cur = await conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {query}")
+    plan = "\n".join(row[0] for row in await cur.fetchall())
+    found = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
+    assert found is not None, plan
+    return int(found[1]) + int(found[2] or 0)
+
+
+async def test_the_claim_walk_starts_where_its_probe_found_the_first_live_row(
+    pg_url: str, migrated: str
+) -> None:
+    """Migration 0015: past the index entries of rows claimed since the last vacuum, once.
+
+    10,000 rows were claimed and settled (the shared server never vacuums: their old versions
+    stay in ``jobs_claim``). The probe for the queue's lowest priority steps over those entries;
+    the walk of that priority's due rows used to do so again from the start of the range
+    (before 0015 a claim of 10 read about twice the probe's buffers). It now starts at the
+    probe's row, and the rows come in ``(run_at, seq)`` order right after the claimed ones.
+    """
+    s = pg_sql.Identifier(migrated).as_string(None)
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute(
+            f"INSERT INTO {s}.jobs (id, run_id, name, queue, input, idempotency_key, state,"
+            " max_attempts, run_at, created_at, updated_at)"
+            " SELECT gen_random_uuid(), gen_random_uuid(), 'n', 'walk', '{}', 'k' || i, 'ready',"
+            " 3, now() - interval '1 hour' + i * interval '1 ms', now(), now()"
+            " FROM generate_series(1, 12000) AS i"
+        )
+        for _ in range(20):
+            await conn.execute(
+                f"UPDATE {s}.jobs SET state = 'done' WHERE id IN"
+                f" (SELECT job_id FROM {s}.claim_waiting('walk', now(), 500))"
+            )
+        probe = (
+            f"SELECT priority FROM {s}.jobs WHERE queue = 'walk'"
+            " AND state IN ('ready', 'delayed', 'suspended')"
+            " ORDER BY priority, run_at, seq LIMIT 1"
+        )
+        for _ in range(2):  # the first passes mark the dead entries (LP_DEAD), as claims do
+            probe_buffers = await _buffers(conn, probe)
+            claim_buffers = await _buffers(
+                conn, f"SELECT * FROM {s}.claim_waiting('walk', now(), 10)"
+            )
+        cur = await conn.execute(
+            f"SELECT j.idempotency_key FROM {s}.claim_waiting('walk', now(), 10) AS c"
+            f" JOIN {s}.jobs j ON j.id = c.job_id ORDER BY c.job_run_at, c.job_seq"
+        )
+        keys = [row[0] for row in await cur.fetchall()]
+    assert keys == [f"k{i}" for i in range(10_001, 10_011)]
+    assert probe_buffers > 40, "the claimed rows' entries should be there to step over"
+    assert claim_buffers < probe_buffers * 1.5, (probe_buffers, claim_buffers)
 
 
 def _jobs(*args: str) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from jobs_core import JobRegistry, JobState, Retry, Worker, job, use_driver
 from jobs_core.driver import TimedWakeSource
 from jobs_pg import PostgresDriver
-from pg_helpers import info, request, until
+from pg_helpers import claim, info, request, until
 
 SLOW_POLL = {"poll_interval": "30s", "idle_poll_max": "30s"}
 
@@ -56,6 +56,25 @@ async def test_next_due_answers_the_first_waiting_row_of_the_unpaused_queues(
     await driver.introspect.pause_queue("other")
     paused = await wake.next_due_ms(["other", "q"])
     assert paused is not None and paused > 4_000
+
+
+async def test_next_due_answers_the_earliest_row_over_every_priority(
+    driver: PostgresDriver,
+) -> None:
+    """first_waiting() (migration 0015) takes each priority's first row from its probe."""
+    wake = driver.wake
+    assert isinstance(wake, TimedWakeSource)
+    await driver.enqueue(request("urgent-late", queue="p", delay_ms=40_000, priority=-5))
+    await driver.enqueue(request("lazy-soon", queue="p", delay_ms=10_000, priority=7))
+    await driver.enqueue(request("middle", queue="p", delay_ms=25_000, priority=0))
+    due = await wake.next_due_ms(["p"])
+    assert due is not None and 9_000 < due <= 10_000
+    # A claim of a due row leaves its index entry behind (no vacuum here): the probe passes it.
+    now = await driver.enqueue(request("now", queue="p", priority=7))
+    assert await wake.next_due_ms(["p"]) == 0
+    assert [job.id for job in await claim(driver, "p")] == [now.id]
+    due = await wake.next_due_ms(["p"])
+    assert due is not None and 9_000 < due <= 10_000
 
 
 async def test_a_row_for_later_notifies_only_when_it_comes_first_in_its_queue(

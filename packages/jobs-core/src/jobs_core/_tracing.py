@@ -14,20 +14,33 @@ by one process (or language) is read by another; the API's own propagator writes
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from jobs_core.types import ClaimedJob
 
 try:
     from opentelemetry import trace as _trace
+    from opentelemetry.environment_variables import OTEL_PYTHON_TRACER_PROVIDER
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:
     _trace = None  # type: ignore[assignment]
     _propagator: Any = None
 else:
     _propagator = TraceContextTextMapPropagator()
+
+# ``get_tracer_provider()`` looks ``OTEL_PYTHON_TRACER_PROVIDER`` up in ``os.environ`` at every
+# call until a provider is installed: 7 % of a no-op job's worker time. The API installs its
+# provider into the module global ``_TRACER_PROVIDER`` (once per process), so while that is unset
+# and the variable was not set at start no SDK is installed. Where the global is missing (another
+# API version) every call asks the API.
+_FAST_SDK_CHECK = (
+    _trace is not None
+    and hasattr(_trace, "_TRACER_PROVIDER")
+    and OTEL_PYTHON_TRACER_PROVIDER not in os.environ
+)
 
 FAILED_OUTCOMES = frozenset({"retried", "dead-lettered", "dropped", "refused", "crashed"})
 """Attempt outcomes whose span ends with an error status."""
@@ -51,20 +64,29 @@ def current_traceparent() -> str | None:
     return carrier.get("traceparent")
 
 
-@contextmanager
-def attempt_span(job: ClaimedJob) -> Iterator[Callable[[str], None]]:
+_NO_SPAN: AbstractContextManager[Callable[[str], None]] = nullcontext(lambda _outcome: None)
+"""What :func:`attempt_span` answers when it opens nothing: its outcome function does nothing."""
+
+
+def attempt_span(job: ClaimedJob) -> AbstractContextManager[Callable[[str], None]]:
     """Run an attempt inside a ``CONSUMER`` span that is a child of the row's ``traceparent``.
 
     A row without one starts a new trace. The span is current while the block runs, so the
-    body's spans and enqueues are its children. Yields a function to call with the attempt's
-    outcome (an attribute, and an error status for a failure). Without OpenTelemetry nothing is
-    opened and the function does nothing.
+    body's spans and enqueues are its children. The block gets a function to call with the
+    attempt's outcome (an attribute, and an error status for a failure). Without OpenTelemetry
+    nothing is opened and the function does nothing.
     """
     if _trace is None or (job.traceparent is None and _without_sdk()):
         # Without an SDK the API's span would be a non-recording copy of the current one (and a
-        # row without a traceparent gives it no other parent): opening it changes nothing.
-        yield _ignore
-        return
+        # row without a traceparent gives it no other parent): opening it changes nothing. The
+        # shared no-op context costs no generator per attempt.
+        return _NO_SPAN
+    return _span(job)
+
+
+@contextmanager
+def _span(job: ClaimedJob) -> Iterator[Callable[[str], None]]:
+    """The attempt's span (:func:`attempt_span` with OpenTelemetry and a parent or an SDK)."""
     parent = _propagator.extract({"traceparent": job.traceparent}) if job.traceparent else None
     tracer = _tracer()
     attributes: dict[str, str | int] = {
@@ -98,10 +120,8 @@ def _tracer() -> Any:
 
 def _without_sdk() -> bool:
     """Answer whether no SDK tracer provider is installed (the API's spans record nothing)."""
+    if _FAST_SDK_CHECK and _trace._TRACER_PROVIDER is None:
+        return True
     return isinstance(
         _trace.get_tracer_provider(), _trace.ProxyTracerProvider | _trace.NoOpTracerProvider
     )
-
-
-def _ignore(_outcome: str) -> None:
-    """Take an outcome and do nothing (OpenTelemetry is not installed)."""
