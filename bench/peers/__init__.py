@@ -57,7 +57,19 @@ POLL = 0.01
 
 
 def available_peers(only: Sequence[str]) -> tuple[dict[str, ModuleType], list[str]]:
-    """Answer the peer modules whose library imports here, and why the others do not."""
+    """Answer the peer modules whose library imports here, and why the others do not.
+
+    ``only`` names peers (each may be a comma list: ``--peer pgqueuer,dbos``); empty means all.
+
+    Raises:
+        SystemExit: a name that is no peer (a typo would otherwise run none of them).
+    """
+    only = [name for entry in only for name in entry.split(",") if name]
+    unknown = sorted(set(only) - set(PEERS))
+    if unknown:
+        raise SystemExit(
+            f"--peer: no peer named {', '.join(unknown)}; the peers: {', '.join(PEERS)}"
+        )
     found: dict[str, ModuleType] = {}
     why: list[str] = []
     for name, (module, package) in PEERS.items():
