@@ -85,16 +85,17 @@ def pg_count(url: str, sql: str, params: Sequence[Any] = ()) -> int:
     """
     import psycopg
 
-    conn = _POLL_CONNECTIONS.get(url)
-    if conn is not None:
+    kept = _POLL_CONNECTIONS.get(url)
+    if kept is not None:
         try:
-            row = conn.execute(sql, params).fetchone()
+            return _first_int(kept.execute(sql, params).fetchone())
         except psycopg.OperationalError:  # the database was dropped and made again since
-            conn.close()
-        else:
-            return int(row[0]) if row and row[0] is not None else 0
-    conn = _POLL_CONNECTIONS[url] = psycopg.connect(url, autocommit=True)
-    row = conn.execute(sql, params).fetchone()
+            kept.close()
+    fresh = _POLL_CONNECTIONS[url] = psycopg.connect(url, autocommit=True)
+    return _first_int(fresh.execute(sql, params).fetchone())
+
+
+def _first_int(row: Any) -> int:
     return int(row[0]) if row and row[0] is not None else 0
 
 

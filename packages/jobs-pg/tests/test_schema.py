@@ -288,14 +288,15 @@ async def test_the_claim_walk_starts_where_its_probe_found_the_first_live_row(
 ) -> None:
     """Migration 0015: past the index entries of rows claimed since the last vacuum, once.
 
-    10,000 rows were claimed and settled (the shared server never vacuums: their old versions
-    stay in ``jobs_claim``). The probe for the queue's lowest priority steps over those entries;
-    the walk of that priority's due rows used to do so again from the start of the range
-    (before 0015 a claim of 10 read about twice the probe's buffers). It now starts at the
-    probe's row, and the rows come in ``(run_at, seq)`` order right after the claimed ones.
+    10,000 rows were claimed and settled, autovacuum off for the table (their old versions stay
+    in ``jobs_claim``, as between two vacuums). The probe for the queue's lowest priority steps
+    over those entries; the walk of that priority's due rows used to do so again from the start
+    of the range (before 0015 a claim of 10 read about twice the probe's buffers). It now starts
+    at the probe's row, and the rows come in ``(run_at, seq)`` order right after the claimed ones.
     """
     s = pg_sql.Identifier(migrated).as_string(None)
     async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute(f"ALTER TABLE {s}.jobs SET (autovacuum_enabled = false)")
         await conn.execute(
             f"INSERT INTO {s}.jobs (id, run_id, name, queue, input, idempotency_key, state,"
             " max_attempts, run_at, created_at, updated_at)"
